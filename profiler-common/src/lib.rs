@@ -1,0 +1,191 @@
+//! Types shared by the BPF sampler and the daemon.
+//!
+//! Everything here crosses the kernel boundary through BPF maps, so every type is
+//! `#[repr(C)]`, has no implicit padding (asserted below), and its layout is the
+//! contract between `profiler-ebpf` and `profiler-daemon`.
+#![no_std]
+
+/// Length of a task's `comm` as the kernel stores it (TASK_COMM_LEN).
+pub const COMM_LEN: usize = 16;
+
+/// Frames kept per stack; the kernel's own limit (PERF_MAX_STACK_DEPTH).
+pub const MAX_STACK_DEPTH: usize = 127;
+
+/// Key of the counts maps: one entry per distinct (thread, process instance, stacks).
+///
+/// A stack id is the id in the stack-trace map of the same buffer, or a negative
+/// errno when the kernel could not provide that stack (`-EFAULT`: no such stack,
+/// e.g. no user stack for a kernel thread or no kernel stack for a sample taken
+/// in user mode).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SampleKey {
+    /// Process id (the kernel's tgid).
+    pub tgid: u32,
+    /// Thread id (the kernel's pid).
+    pub tid: u32,
+    /// Identifies one exec of one process; see [`ProcessEvent`]. 0 means unknown.
+    pub instance: u32,
+    pub user_stack_id: i32,
+    pub kernel_stack_id: i32,
+    /// The sampled thread's comm (its thread name), NUL padded.
+    pub comm: [u8; COMM_LEN],
+}
+
+/// Sent through the process-events ring buffer.
+///
+/// The sampler hands out a random `instance` the first time it sees a process
+/// (and again after every exec), so the daemon can snapshot the process's
+/// memory mappings while it still runs, and so that a reused pid never gets
+/// the symbols of the process that had it before.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProcessEvent {
+    /// bpf_ktime_get_ns() when the event happened.
+    pub ktime_ns: u64,
+    /// One of [`ProcessEventKind`] as u32.
+    pub kind: u32,
+    pub tgid: u32,
+    pub instance: u32,
+    pub reserved: u32,
+}
+
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProcessEventKind {
+    /// First sample of a new process instance: its mappings should be read now.
+    Started = 1,
+    /// The process's main thread exited; its instance will not be sampled again.
+    Exited = 2,
+}
+
+impl ProcessEventKind {
+    pub fn from_u32(kind: u32) -> Option<Self> {
+        match kind {
+            1 => Some(Self::Started),
+            2 => Some(Self::Exited),
+            _ => None,
+        }
+    }
+}
+
+/// Index in the CONTROL array of the counts/stack buffer pair the sampler
+/// writes to (0 or 1); the daemon drains the other one.
+pub const CONTROL_ACTIVE_BUFFER: u32 = 0;
+pub const CONTROL_LEN: u32 = 1;
+
+/// What happened to samples inside the BPF program, counted per CPU in the
+/// COUNTERS map at index `counter as u32`.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Counter {
+    /// Every invocation of the sampler.
+    Samples = 0,
+    /// Samples of the idle task, which is not a process and is not recorded.
+    Idle,
+    /// Samples without a user stack (kernel threads); normal.
+    NoUserStack,
+    /// Samples without a kernel stack (taken in user mode); normal.
+    NoKernelStack,
+    /// bpf_get_stackid found another stack in the hash bucket (-EEXIST).
+    UserStackCollision,
+    /// The user stack-trace map had no free entry (-ENOMEM).
+    UserStackMapFull,
+    /// Any other bpf_get_stackid failure for the user stack.
+    UserStackError,
+    KernelStackCollision,
+    KernelStackMapFull,
+    KernelStackError,
+    /// The counts map was full: the sample is lost.
+    CountsMapFull,
+    /// The process-instance map refused an entry; the sample has instance 0.
+    ProcessMapFull,
+    /// The process-events ring buffer was full; the daemon learns of the process late.
+    ProcessEventsLost,
+}
+
+impl Counter {
+    pub const COUNT: u32 = 13;
+
+    pub const ALL: [Counter; Self::COUNT as usize] = [
+        Counter::Samples,
+        Counter::Idle,
+        Counter::NoUserStack,
+        Counter::NoKernelStack,
+        Counter::UserStackCollision,
+        Counter::UserStackMapFull,
+        Counter::UserStackError,
+        Counter::KernelStackCollision,
+        Counter::KernelStackMapFull,
+        Counter::KernelStackError,
+        Counter::CountsMapFull,
+        Counter::ProcessMapFull,
+        Counter::ProcessEventsLost,
+    ];
+
+    /// Stable snake_case name used in logs and metrics.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Counter::Samples => "samples",
+            Counter::Idle => "idle",
+            Counter::NoUserStack => "no_user_stack",
+            Counter::NoKernelStack => "no_kernel_stack",
+            Counter::UserStackCollision => "user_stack_collision",
+            Counter::UserStackMapFull => "user_stack_map_full",
+            Counter::UserStackError => "user_stack_error",
+            Counter::KernelStackCollision => "kernel_stack_collision",
+            Counter::KernelStackMapFull => "kernel_stack_map_full",
+            Counter::KernelStackError => "kernel_stack_error",
+            Counter::CountsMapFull => "counts_map_full",
+            Counter::ProcessMapFull => "process_map_full",
+            Counter::ProcessEventsLost => "process_events_lost",
+        }
+    }
+
+    /// True for failures (data lost or degraded), false for plain statistics.
+    pub const fn is_error(self) -> bool {
+        !matches!(
+            self,
+            Counter::Samples | Counter::Idle | Counter::NoUserStack | Counter::NoKernelStack
+        )
+    }
+}
+
+/// Map names, shared so the daemon can find (and resize) what the program declares.
+pub mod maps {
+    pub const COUNTS: [&str; 2] = ["COUNTS_0", "COUNTS_1"];
+    pub const USER_STACKS: [&str; 2] = ["USER_STACKS_0", "USER_STACKS_1"];
+    pub const KERNEL_STACKS: [&str; 2] = ["KERNEL_STACKS_0", "KERNEL_STACKS_1"];
+    pub const CONTROL: &str = "CONTROL";
+    pub const COUNTERS: &str = "COUNTERS";
+    pub const PROCESSES: &str = "PROCESSES";
+    pub const PROCESS_EVENTS: &str = "PROCESS_EVENTS";
+
+    /// Default capacities; the daemon may override them at load time.
+    pub const DEFAULT_COUNTS_ENTRIES: u32 = 16384;
+    pub const DEFAULT_USER_STACKS_ENTRIES: u32 = 16384;
+    pub const DEFAULT_KERNEL_STACKS_ENTRIES: u32 = 8192;
+    pub const DEFAULT_PROCESSES_ENTRIES: u32 = 32768;
+    pub const PROCESS_EVENTS_BYTES: u32 = 256 * 1024;
+}
+
+/// Program names as the daemon looks them up.
+pub mod programs {
+    pub const SAMPLE: &str = "sample";
+    pub const ON_EXEC: &str = "on_exec";
+    pub const ON_EXIT: &str = "on_exit";
+}
+
+// The layout is the contract: no implicit padding, sizes fixed.
+const _: () = assert!(core::mem::size_of::<SampleKey>() == 5 * 4 + COMM_LEN);
+const _: () = assert!(core::mem::align_of::<SampleKey>() == 4);
+const _: () = assert!(core::mem::size_of::<ProcessEvent>() == 8 + 4 * 4);
+const _: () = assert!(Counter::ALL.len() == Counter::COUNT as usize);
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: repr(C), only integer fields, no padding (asserted above).
+    unsafe impl aya::Pod for super::SampleKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::ProcessEvent {}
+}

@@ -1,0 +1,103 @@
+//! Command-line interface. `profilerd` alone runs the daemon.
+
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use profiler_common::maps;
+
+use crate::{
+    collect::{MapSizes, SamplerOptions},
+    pipeline::PipelineOptions,
+    store::StoreConfig,
+};
+
+#[derive(Debug, Parser)]
+#[command(name = "profilerd", version, about = "System-wide continuous CPU profiler (eBPF), serving pprof")]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub daemon: DaemonArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Record a profile for a while and write it to a file, like `perf record`.
+    Record(RecordArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct SamplingArgs {
+    /// Samples per second on each CPU.
+    #[arg(long, default_value_t = 99, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub frequency: u64,
+    /// How often the BPF maps are drained, in milliseconds.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(50..=60_000))]
+    pub drain_interval_ms: u64,
+    /// Capacity of each BPF counts map (distinct thread+stack pairs per drain).
+    #[arg(long, default_value_t = maps::DEFAULT_COUNTS_ENTRIES, value_parser = clap::value_parser!(u32).range(1..=1 << 22))]
+    pub counts_map_entries: u32,
+    /// Capacity of each user stack-trace map (distinct user stacks per drain).
+    #[arg(long, default_value_t = maps::DEFAULT_USER_STACKS_ENTRIES, value_parser = clap::value_parser!(u32).range(1..=1 << 20))]
+    pub user_stack_map_entries: u32,
+    /// Capacity of each kernel stack-trace map.
+    #[arg(long, default_value_t = maps::DEFAULT_KERNEL_STACKS_ENTRIES, value_parser = clap::value_parser!(u32).range(1..=1 << 20))]
+    pub kernel_stack_map_entries: u32,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct DaemonArgs {
+    /// Address of the HTTP server. Profiles reveal code and process names:
+    /// keep it on loopback unless a proxy guards it.
+    #[arg(long, default_value = "127.0.0.1:7040")]
+    pub listen: SocketAddr,
+    /// How long samples are kept, in seconds.
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub retention_seconds: u64,
+    /// Upper bound of the sample store's memory, in MiB.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=65_536))]
+    pub store_max_mb: u64,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    /// `comm;root;...;leaf COUNT` lines (flamegraph.pl, inferno, speedscope).
+    Folded,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct RecordArgs {
+    /// Only this process (repeatable). Without it, the whole system.
+    #[arg(long = "pid", value_parser = clap::value_parser!(u32).range(1..))]
+    pub pids: Vec<u32>,
+    /// How long to record.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub seconds: u64,
+    /// Where to write the profile; `-` is standard output.
+    #[arg(long, short, default_value = "-")]
+    pub output: PathBuf,
+    #[arg(long, value_enum, default_value_t = Format::Folded)]
+    pub format: Format,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+}
+
+impl SamplingArgs {
+    pub fn pipeline_options(&self, store: StoreConfig) -> PipelineOptions {
+        PipelineOptions {
+            sampler: SamplerOptions {
+                frequency: self.frequency,
+                map_sizes: MapSizes {
+                    counts: self.counts_map_entries,
+                    user_stacks: self.user_stack_map_entries,
+                    kernel_stacks: self.kernel_stack_map_entries,
+                },
+            },
+            drain_interval: Duration::from_millis(self.drain_interval_ms),
+            store,
+        }
+    }
+}

@@ -1,0 +1,162 @@
+//! Emptying the sampler's maps without losing a sample.
+//!
+//! The sampler writes into one of two buffers (a counts map plus its two
+//! stack-trace maps); CONTROL says which. A drain flips CONTROL, waits for
+//! programs that already picked the old buffer to finish, then owns the old
+//! buffer alone: it reads every count and stack and deletes them, so stack ids
+//! are reclaimed each cycle and the maps never fill up with stale entries.
+
+use std::{collections::HashMap as StdHashMap, time::Duration};
+
+use aya::maps::{Array, HashMap, MapData, MapError, PerCpuArray, StackTraceMap};
+use profiler_common::{CONTROL_ACTIVE_BUFFER, Counter, SampleKey, maps};
+
+use super::CollectError;
+
+/// A perf_event program runs to completion in interrupt context in
+/// microseconds; this grace period also covers a vCPU being descheduled by
+/// the hypervisor mid-program. It only delays the drain thread, costs no CPU.
+const FLIP_GRACE: Duration = Duration::from_millis(10);
+
+/// One (thread, process instance, stacks) entry of a drained buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RawSample {
+    pub key: SampleKey,
+    pub count: u64,
+}
+
+/// Cumulative BPF counters, summed over CPUs, indexed by `Counter as usize`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BpfCounters(pub [u64; Counter::COUNT as usize]);
+
+impl BpfCounters {
+    pub fn get(&self, counter: Counter) -> u64 {
+        self.0[counter as usize]
+    }
+
+    /// Sum of every failure counter.
+    pub fn errors(&self) -> u64 {
+        Counter::ALL
+            .iter()
+            .filter(|counter| counter.is_error())
+            .map(|&counter| self.get(counter))
+            .sum()
+    }
+}
+
+/// What one drain read: raw addresses, not yet symbolized.
+#[derive(Debug, Default)]
+pub struct RawBatch {
+    pub samples: Vec<RawSample>,
+    /// Stack id -> instruction pointers, leaf first.
+    pub user_stacks: StdHashMap<u32, Box<[u64]>>,
+    pub kernel_stacks: StdHashMap<u32, Box<[u64]>>,
+    pub counters: BpfCounters,
+    /// Map read errors skipped during this drain.
+    pub read_errors: u64,
+}
+
+/// Owns the sampler's maps on the daemon side.
+pub struct Drainer {
+    counts: [HashMap<MapData, SampleKey, u64>; 2],
+    user_stacks: [StackTraceMap<MapData>; 2],
+    kernel_stacks: [StackTraceMap<MapData>; 2],
+    control: Array<MapData, u32>,
+    counters: PerCpuArray<MapData, u64>,
+    active: u32,
+    stack_ids: Vec<u32>,
+}
+
+impl Drainer {
+    pub(super) fn new(
+        counts: [HashMap<MapData, SampleKey, u64>; 2],
+        user_stacks: [StackTraceMap<MapData>; 2],
+        kernel_stacks: [StackTraceMap<MapData>; 2],
+        control: Array<MapData, u32>,
+        counters: PerCpuArray<MapData, u64>,
+    ) -> Self {
+        Self {
+            counts,
+            user_stacks,
+            kernel_stacks,
+            control,
+            counters,
+            active: 0,
+            stack_ids: Vec::new(),
+        }
+    }
+
+    /// Flips the buffers and returns everything the old one held.
+    pub fn drain(&mut self) -> Result<RawBatch, CollectError> {
+        let old = self.active as usize;
+        let new = 1 - self.active;
+        self.control
+            .set(CONTROL_ACTIVE_BUFFER, &new, 0)
+            .map_err(|source| CollectError::Map { name: maps::CONTROL, source })?;
+        self.active = new;
+        std::thread::sleep(FLIP_GRACE);
+
+        let mut batch = RawBatch {
+            counters: self.read_counters()?,
+            ..RawBatch::default()
+        };
+        let counts = &mut self.counts[old];
+        for entry in counts.iter() {
+            match entry {
+                Ok((key, count)) => batch.samples.push(RawSample { key, count }),
+                Err(err) => {
+                    batch.read_errors += 1;
+                    tracing::debug!("reading {}: {err}", maps::COUNTS[old]);
+                }
+            }
+        }
+        for sample in &batch.samples {
+            if let Err(err) = counts.remove(&sample.key) {
+                batch.read_errors += 1;
+                tracing::debug!("deleting from {}: {err}", maps::COUNTS[old]);
+            }
+        }
+        batch.read_errors += drain_stacks(&mut self.user_stacks[old], &mut self.stack_ids, &mut batch.user_stacks);
+        batch.read_errors +=
+            drain_stacks(&mut self.kernel_stacks[old], &mut self.stack_ids, &mut batch.kernel_stacks);
+        Ok(batch)
+    }
+
+    /// The BPF counters now, summed over CPUs.
+    pub fn read_counters(&self) -> Result<BpfCounters, CollectError> {
+        let mut totals = BpfCounters::default();
+        for counter in Counter::ALL {
+            let per_cpu = self
+                .counters
+                .get(&(counter as u32), 0)
+                .map_err(|source| CollectError::Map { name: maps::COUNTERS, source })?;
+            totals.0[counter as usize] = per_cpu.iter().sum();
+        }
+        Ok(totals)
+    }
+}
+
+/// Reads and deletes every stack of a stack-trace map; returns the error count.
+fn drain_stacks(
+    map: &mut StackTraceMap<MapData>,
+    ids: &mut Vec<u32>,
+    out: &mut StdHashMap<u32, Box<[u64]>>,
+) -> u64 {
+    let mut errors = 0;
+    ids.clear();
+    ids.extend(map.stack_ids().filter_map(|id| id.map_err(|_| errors += 1).ok()));
+    for id in ids.iter() {
+        match map.get(id, 0) {
+            Ok(stack) => {
+                out.insert(*id, stack.frames().iter().map(|frame| frame.ip).collect());
+            }
+            // Deleted between listing and reading: nothing to keep.
+            Err(MapError::KeyNotFound) => {}
+            Err(_) => errors += 1,
+        }
+        if map.remove(id).is_err() {
+            errors += 1;
+        }
+    }
+    errors
+}

@@ -1,0 +1,46 @@
+//! Stage 1: the BPF sampler and what the daemon reads out of it.
+//!
+//! [`Sampler`] loads and attaches the BPF program; [`Drainer`] empties its maps
+//! into [`RawBatch`]es; [`ProcessWatcher`] snapshots the memory mappings of
+//! every process the sampler announces, while the process still exists.
+
+mod drain;
+mod process_snapshot;
+mod sampler;
+mod watcher;
+
+pub use drain::{BpfCounters, Drainer, RawBatch, RawSample};
+pub use process_snapshot::{MappedFile, ProcessSnapshot, SnapshotMapping, SnapshotReader, parse_maps_line};
+pub use sampler::{MapSizes, Sampler, SamplerOptions};
+pub use watcher::{ProcessNotice, ProcessWatcher, WatcherStats};
+
+/// Errors from loading, attaching or reading the BPF side.
+#[derive(Debug, thiserror::Error)]
+pub enum CollectError {
+    #[error("loading the BPF program failed (profilerd needs root, or CAP_BPF + CAP_PERFMON): {0}")]
+    Load(#[source] aya::EbpfError),
+    #[error("BPF program {name}: {source}")]
+    Program {
+        name: &'static str,
+        #[source]
+        source: aya::programs::ProgramError,
+    },
+    #[error("attaching the sampler to CPU {cpu} failed: {source}")]
+    AttachCpu {
+        cpu: u32,
+        #[source]
+        source: aya::programs::ProgramError,
+    },
+    #[error("listing online CPUs ({0}): {1}")]
+    OnlineCpus(&'static str, #[source] std::io::Error),
+    #[error("BPF map {name} is missing from the object")]
+    MissingMap { name: &'static str },
+    #[error("BPF map {name}: {source}")]
+    Map {
+        name: &'static str,
+        #[source]
+        source: aya::maps::MapError,
+    },
+    #[error("BPF logger: {0}")]
+    Logger(#[source] aya_log::Error),
+}

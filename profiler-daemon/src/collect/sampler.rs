@@ -1,0 +1,189 @@
+//! Loading the embedded BPF object and attaching it to every online CPU.
+
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{Array, HashMap, MapData, PerCpuArray, RingBuf, StackTraceMap},
+    programs::{
+        PerfEvent, RawTracePoint,
+        perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
+    },
+};
+use profiler_common::{SampleKey, maps, programs};
+
+use super::{CollectError, Drainer};
+
+static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler-ebpf"));
+
+/// Capacities of the BPF maps (each of the two buffers gets these).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MapSizes {
+    pub counts: u32,
+    pub user_stacks: u32,
+    pub kernel_stacks: u32,
+}
+
+impl Default for MapSizes {
+    fn default() -> Self {
+        Self {
+            counts: maps::DEFAULT_COUNTS_ENTRIES,
+            user_stacks: maps::DEFAULT_USER_STACKS_ENTRIES,
+            kernel_stacks: maps::DEFAULT_KERNEL_STACKS_ENTRIES,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SamplerOptions {
+    /// Samples per second per CPU.
+    pub frequency: u64,
+    pub map_sizes: MapSizes,
+}
+
+/// The loaded and attached BPF program. Dropping it detaches everything.
+pub struct Sampler {
+    ebpf: Ebpf,
+    logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
+    cpus: usize,
+}
+
+impl Sampler {
+    /// Loads the program, attaches it to cpu-clock on every online CPU and to
+    /// the exec/exit tracepoints, and returns it with the drainer of its maps
+    /// and the ring buffer of process events.
+    pub fn start(options: &SamplerOptions) -> Result<(Self, Drainer, RingBuf<MapData>), CollectError> {
+        raise_memlock_limit();
+        let sizes = options.map_sizes;
+        let mut loader = EbpfLoader::new();
+        for name in maps::COUNTS {
+            loader.map_max_entries(name, sizes.counts);
+        }
+        for name in maps::USER_STACKS {
+            loader.map_max_entries(name, sizes.user_stacks);
+        }
+        for name in maps::KERNEL_STACKS {
+            loader.map_max_entries(name, sizes.kernel_stacks);
+        }
+        let mut ebpf = loader.load(BPF_OBJECT).map_err(CollectError::Load)?;
+        // The program only logs rare events; a missing logger is not fatal.
+        let logger = match aya_log::EbpfLogger::init(&mut ebpf) {
+            Ok(logger) => Some(logger),
+            Err(err) => {
+                tracing::warn!("BPF-side logging unavailable: {err}");
+                None
+            }
+        };
+
+        let drainer = take_drainer(&mut ebpf)?;
+        let events = RingBuf::try_from(take_map(&mut ebpf, maps::PROCESS_EVENTS)?)
+            .map_err(|source| CollectError::Map { name: maps::PROCESS_EVENTS, source })?;
+
+        // Tracepoints first, so no process is announced before exec/exit are tracked.
+        for (name, tracepoint) in [
+            (programs::ON_EXEC, "sched_process_exec"),
+            (programs::ON_EXIT, "sched_process_exit"),
+        ] {
+            let program: &mut RawTracePoint = program(&mut ebpf, name)?;
+            program.load().map_err(|source| CollectError::Program { name, source })?;
+            program
+                .attach(tracepoint)
+                .map_err(|source| CollectError::Program { name, source })?;
+        }
+
+        let cpus = aya::util::online_cpus().map_err(|(what, err)| CollectError::OnlineCpus(what, err))?;
+        let sample: &mut PerfEvent = program(&mut ebpf, programs::SAMPLE)?;
+        sample
+            .load()
+            .map_err(|source| CollectError::Program { name: programs::SAMPLE, source })?;
+        for &cpu in &cpus {
+            sample
+                .attach(
+                    PerfEventConfig::Software(SoftwareEvent::CpuClock),
+                    PerfEventScope::AllProcessesOneCpu { cpu },
+                    SamplePolicy::Frequency(options.frequency),
+                    false,
+                )
+                .map_err(|source| CollectError::AttachCpu { cpu, source })?;
+        }
+        tracing::info!(cpus = cpus.len(), frequency = options.frequency, "sampler attached");
+        Ok((
+            Self {
+                ebpf,
+                logger,
+                cpus: cpus.len(),
+            },
+            drainer,
+            events,
+        ))
+    }
+
+    /// Number of CPUs sampled.
+    pub fn cpus(&self) -> usize {
+        self.cpus
+    }
+
+    /// Forwards pending BPF-side log records to the daemon's log.
+    pub fn flush_logs(&mut self) {
+        if let Some(logger) = &mut self.logger {
+            logger.flush();
+        }
+    }
+
+    /// Ids of the loaded programs (for tests and diagnostics).
+    pub fn program_ids(&self) -> Vec<u32> {
+        self.ebpf
+            .programs()
+            .filter_map(|(_, program)| program.info().ok().map(|info| info.id()))
+            .collect()
+    }
+}
+
+fn program<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut T, CollectError>
+where
+    &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
+{
+    let program = ebpf.program_mut(name).ok_or(CollectError::Program {
+        name,
+        source: aya::programs::ProgramError::UnexpectedProgramType,
+    })?;
+    program
+        .try_into()
+        .map_err(|source| CollectError::Program { name, source })
+}
+
+fn take_map(ebpf: &mut Ebpf, name: &'static str) -> Result<aya::maps::Map, CollectError> {
+    ebpf.take_map(name).ok_or(CollectError::MissingMap { name })
+}
+
+fn take_drainer(ebpf: &mut Ebpf) -> Result<Drainer, CollectError> {
+    fn convert<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(
+        ebpf: &mut Ebpf,
+        name: &'static str,
+    ) -> Result<T, CollectError> {
+        T::try_from(take_map(ebpf, name)?).map_err(|source| CollectError::Map { name, source })
+    }
+    let counts: [HashMap<MapData, SampleKey, u64>; 2] =
+        [convert(ebpf, maps::COUNTS[0])?, convert(ebpf, maps::COUNTS[1])?];
+    let user_stacks: [StackTraceMap<MapData>; 2] = [
+        convert(ebpf, maps::USER_STACKS[0])?,
+        convert(ebpf, maps::USER_STACKS[1])?,
+    ];
+    let kernel_stacks: [StackTraceMap<MapData>; 2] = [
+        convert(ebpf, maps::KERNEL_STACKS[0])?,
+        convert(ebpf, maps::KERNEL_STACKS[1])?,
+    ];
+    let control: Array<MapData, u32> = convert(ebpf, maps::CONTROL)?;
+    let counters: PerCpuArray<MapData, u64> = convert(ebpf, maps::COUNTERS)?;
+    Ok(Drainer::new(counts, user_stacks, kernel_stacks, control, counters))
+}
+
+/// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK; lift it so they load.
+fn raise_memlock_limit() {
+    let limit = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: setrlimit reads a valid, initialised struct.
+    if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &limit) } != 0 {
+        tracing::debug!("could not raise RLIMIT_MEMLOCK: {}", std::io::Error::last_os_error());
+    }
+}

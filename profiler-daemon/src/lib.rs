@@ -1,0 +1,30 @@
+//! profilerd: a system-wide continuous CPU profiler.
+//!
+//! The data flows through four stages, one module each:
+//!
+//! 1. [`collect`]: the BPF sampler counts (thread, stack) pairs in-kernel; the
+//!    daemon drains them as [`collect::RawBatch`]es of raw addresses, and
+//!    snapshots every new process's mappings while it still runs.
+//! 2. [`symbolize`]: addresses become functions ([`symbolize::SymbolizedStack`]).
+//! 3. [`store`]: a bounded store of one-second buckets answers queries with a
+//!    [`profile::Profile`].
+//! 4. Output: [`profile`] formats (folded stacks), written by [`record`] or
+//!    served by the [`daemon`].
+//!
+//! [`pipeline`] wires the stages together.
+
+pub mod cli;
+pub mod collect;
+pub mod daemon;
+pub mod pipeline;
+pub mod profile;
+pub mod record;
+pub mod store;
+pub mod symbolize;
+
+/// Seconds since the Unix epoch (0 if the clock is before it).
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_secs())
+}

@@ -1,0 +1,261 @@
+//! Wires the stages: sampler -> drain thread -> symbolizer thread -> store task.
+//!
+//! Blocking work (map reads, /proc reads, ELF parsing) runs on three plain
+//! threads; the store is a tokio task; they talk over channels only.
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+        mpsc::{self, RecvTimeoutError},
+    },
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
+
+use tokio::sync::{oneshot, watch};
+
+use crate::{
+    collect::{BpfCounters, CollectError, Drainer, ProcessNotice, ProcessWatcher, RawBatch, Sampler, SamplerOptions, WatcherStats},
+    store::{self, Store, StoreConfig, StoreHandle},
+    symbolize::{Symbolizer, SymbolizerStats},
+};
+
+#[derive(Clone, Copy, Debug)]
+pub struct PipelineOptions {
+    pub sampler: SamplerOptions,
+    pub drain_interval: Duration,
+    pub store: StoreConfig,
+}
+
+/// What the pipeline has been doing, updated after every drain.
+#[derive(Clone, Debug, Default)]
+pub struct PipelineStatus {
+    /// BPF counters as of the last drain.
+    pub bpf: BpfCounters,
+    pub symbolizer: SymbolizerStats,
+    pub drains: u64,
+    pub last_drain: Duration,
+    pub last_symbolize: Duration,
+    /// Map entries that could not be read or deleted.
+    pub map_read_errors: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineError {
+    #[error(transparent)]
+    Collect(#[from] CollectError),
+    #[error("starting a pipeline thread: {0}")]
+    Thread(#[source] std::io::Error),
+    #[error("the pipeline has stopped")]
+    Stopped,
+}
+
+enum DrainCommand {
+    Now(oneshot::Sender<()>),
+    Stop,
+}
+
+enum SymbolizeInput {
+    Notice(ProcessNotice),
+    Batch {
+        batch: RawBatch,
+        second: u64,
+        drain_time: Duration,
+        acks: Vec<oneshot::Sender<()>>,
+    },
+}
+
+pub struct Pipeline {
+    drain_tx: mpsc::Sender<DrainCommand>,
+    store: StoreHandle,
+    status: watch::Receiver<PipelineStatus>,
+    watcher_stats: Arc<WatcherStats>,
+    threads: Vec<JoinHandle<()>>,
+    cpus: usize,
+    frequency: u64,
+}
+
+impl Pipeline {
+    /// Loads and attaches the sampler and starts every stage. Must run inside
+    /// a tokio runtime (the store is a task).
+    pub fn start(options: PipelineOptions) -> Result<Self, PipelineError> {
+        let (sampler, drainer, events) = Sampler::start(&options.sampler)?;
+        let cpus = sampler.cpus();
+        let store = store::spawn(Store::new(options.store, options.sampler.frequency));
+        let (status_tx, status) = watch::channel(PipelineStatus::default());
+        // Bounded: if symbolization falls behind, the drain waits rather than
+        // memory growing; the BPF maps then absorb (and count) the overflow.
+        let (symbolize_tx, symbolize_rx) = mpsc::sync_channel::<SymbolizeInput>(64);
+        let (drain_tx, drain_rx) = mpsc::channel();
+        let stop = Arc::new(AtomicBool::new(false));
+
+        let watcher = ProcessWatcher::new(events);
+        let watcher_stats = watcher.stats.clone();
+        let mut threads = Vec::new();
+        let spawn = |name: &str, body: Box<dyn FnOnce() + Send>| {
+            std::thread::Builder::new()
+                .name(name.to_owned())
+                .spawn(body)
+                .map_err(PipelineError::Thread)
+        };
+        {
+            let tx = symbolize_tx.clone();
+            let stop = stop.clone();
+            threads.push(spawn(
+                "watch-procs",
+                Box::new(move || watcher.run(&stop, |notice| tx.send(SymbolizeInput::Notice(notice)).is_ok())),
+            )?);
+        }
+        {
+            let store = store.clone();
+            threads.push(spawn(
+                "symbolize",
+                Box::new(move || symbolize_loop(symbolize_rx, store, status_tx)),
+            )?);
+        }
+        let interval = options.drain_interval;
+        threads.push(spawn(
+            "drain",
+            Box::new(move || {
+                drain_loop(sampler, drainer, interval, drain_rx, symbolize_tx);
+                stop.store(true, Ordering::Relaxed);
+            }),
+        )?);
+        Ok(Self {
+            drain_tx,
+            store,
+            status,
+            watcher_stats,
+            threads,
+            cpus,
+            frequency: options.sampler.frequency,
+        })
+    }
+
+    /// Drains the sampler now; returns once the drained samples are queryable.
+    pub async fn drain_now(&self) -> Result<(), PipelineError> {
+        let (ack, done) = oneshot::channel();
+        self.drain_tx.send(DrainCommand::Now(ack)).map_err(|_| PipelineError::Stopped)?;
+        done.await.map_err(|_| PipelineError::Stopped)
+    }
+
+    pub fn store(&self) -> &StoreHandle {
+        &self.store
+    }
+
+    pub fn status(&self) -> PipelineStatus {
+        self.status.borrow().clone()
+    }
+
+    pub fn watcher_stats(&self) -> &WatcherStats {
+        &self.watcher_stats
+    }
+
+    pub fn cpus(&self) -> usize {
+        self.cpus
+    }
+
+    pub fn frequency(&self) -> u64 {
+        self.frequency
+    }
+
+    /// Final drain, detaches the BPF programs and joins every thread.
+    pub async fn shutdown(self) {
+        let _ = self.drain_tx.send(DrainCommand::Stop);
+        let threads = self.threads;
+        let _ = tokio::task::spawn_blocking(move || {
+            for thread in threads {
+                let _ = thread.join();
+            }
+        })
+        .await;
+    }
+}
+
+fn drain_loop(
+    mut sampler: Sampler,
+    mut drainer: Drainer,
+    interval: Duration,
+    commands: mpsc::Receiver<DrainCommand>,
+    out: mpsc::SyncSender<SymbolizeInput>,
+) {
+    let mut next = Instant::now() + interval;
+    loop {
+        let mut acks = Vec::new();
+        let mut stop = false;
+        match commands.recv_timeout(next.saturating_duration_since(Instant::now())) {
+            Ok(DrainCommand::Now(ack)) => {
+                acks.push(ack);
+                // Requests that queued meanwhile share this drain.
+                while let Ok(command) = commands.try_recv() {
+                    match command {
+                        DrainCommand::Now(ack) => acks.push(ack),
+                        DrainCommand::Stop => stop = true,
+                    }
+                }
+            }
+            Ok(DrainCommand::Stop) | Err(RecvTimeoutError::Disconnected) => stop = true,
+            Err(RecvTimeoutError::Timeout) => next += interval,
+        }
+        if Instant::now() > next {
+            // Fell behind (e.g. suspended): skip missed ticks rather than burst.
+            next = Instant::now() + interval;
+        }
+        let started = Instant::now();
+        match drainer.drain() {
+            Ok(batch) => {
+                let input = SymbolizeInput::Batch {
+                    batch,
+                    second: crate::unix_now(),
+                    drain_time: started.elapsed(),
+                    acks,
+                };
+                if out.send(input).is_err() {
+                    return;
+                }
+            }
+            Err(err) => tracing::error!("drain failed: {err}"),
+        }
+        sampler.flush_logs();
+        if stop {
+            // Dropping the sampler detaches every program.
+            drop(sampler);
+            return;
+        }
+    }
+}
+
+fn symbolize_loop(
+    inputs: mpsc::Receiver<SymbolizeInput>,
+    store: StoreHandle,
+    status: watch::Sender<PipelineStatus>,
+) {
+    let mut symbolizer = Symbolizer::new();
+    for input in inputs {
+        match input {
+            SymbolizeInput::Notice(notice) => symbolizer.notice(notice),
+            SymbolizeInput::Batch {
+                batch,
+                second,
+                drain_time,
+                acks,
+            } => {
+                let started = Instant::now();
+                let samples = symbolizer.symbolize(&batch);
+                let symbolize_time = started.elapsed();
+                status.send_modify(|status| {
+                    status.bpf = batch.counters;
+                    status.symbolizer = symbolizer.stats();
+                    status.drains += 1;
+                    status.last_drain = drain_time;
+                    status.last_symbolize = symbolize_time;
+                    status.map_read_errors += batch.read_errors;
+                });
+                if store.blocking_ingest(second, samples, acks).is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,107 @@
+//! `profilerd record`: sample for a while, write one profile, exit.
+
+use std::{io::Write, path::Path, time::Duration};
+
+use profiler_common::Counter;
+
+use crate::{
+    cli::{Format, RecordArgs},
+    pipeline::{Pipeline, PipelineError, PipelineStatus},
+    profile::{Profile, folded},
+    store::{Filter, Query, StoreConfig, Window},
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    #[error("no process with pid {0}")]
+    NoSuchProcess(u32),
+    #[error(transparent)]
+    Pipeline(#[from] PipelineError),
+    #[error("the sample store stopped unexpectedly")]
+    Store(#[from] crate::store::StoreClosed),
+    #[error("writing {path}: {source}")]
+    Write {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+pub async fn run(args: RecordArgs) -> Result<(), RecordError> {
+    if let Some(&pid) = args.pids.iter().find(|pid| !Path::new(&format!("/proc/{pid}")).exists()) {
+        return Err(RecordError::NoSuchProcess(pid));
+    }
+    let store = StoreConfig {
+        // Keep the whole recording, whatever its length.
+        retention: Duration::from_secs(args.seconds + 60),
+        ..StoreConfig::default()
+    };
+    let pipeline = Pipeline::start(args.sampling.pipeline_options(store))?;
+    let interrupted = tokio::select! {
+        () = tokio::time::sleep(Duration::from_secs(args.seconds)) => false,
+        _ = tokio::signal::ctrl_c() => true,
+    };
+    pipeline.drain_now().await?;
+    let profile = pipeline
+        .store()
+        .query(Query {
+            window: Window::ALL,
+            filter: Filter {
+                pids: args.pids.clone(),
+                ..Filter::default()
+            },
+        })
+        .await?;
+    let status = pipeline.status();
+    let (cpus, frequency) = (pipeline.cpus(), pipeline.frequency());
+    pipeline.shutdown().await;
+
+    write_output(&args.output, args.format, &profile)?;
+    let destination = if args.output == Path::new("-") {
+        "standard output".to_owned()
+    } else {
+        args.output.display().to_string()
+    };
+    eprintln!(
+        "profilerd record: {} samples{} written to {destination} ({:?}, {frequency} Hz on {cpus} CPUs)",
+        profile.total_samples(),
+        if interrupted { " (interrupted)" } else { "" },
+        args.format,
+    );
+    eprintln!("profilerd record: {}", counters_summary(&status));
+    Ok(())
+}
+
+fn write_output(path: &Path, format: Format, profile: &Profile) -> Result<(), RecordError> {
+    let write = |out: &mut dyn Write| -> std::io::Result<()> {
+        let mut out = std::io::BufWriter::new(out);
+        match format {
+            Format::Folded => folded::write(profile, &mut out)?,
+        }
+        out.flush()
+    };
+    let result = if path == Path::new("-") {
+        write(&mut std::io::stdout().lock())
+    } else {
+        std::fs::File::create(path).and_then(|mut file| write(&mut file))
+    };
+    result.map_err(|source| RecordError::Write {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+/// `bpf counters: samples=N idle=N ... errors=N` (key=value pairs, stable names).
+pub fn counters_summary(status: &PipelineStatus) -> String {
+    let mut line = String::from("bpf counters:");
+    for counter in Counter::ALL {
+        line.push_str(&format!(" {}={}", counter.name(), status.bpf.get(counter)));
+    }
+    line.push_str(&format!(
+        " errors={} map_read_errors={} unresolved_frames={}",
+        status.bpf.errors(),
+        status.map_read_errors,
+        status.symbolizer.resolver.unresolved
+    ));
+    line
+}

@@ -1,0 +1,97 @@
+//! The store's single owner: a task that applies ingests and answers queries
+//! in arrival order, so a query sent after a drain's ingest sees its samples.
+
+use tokio::sync::{mpsc, oneshot};
+
+use super::{Query, Store, StoreStats, Window};
+use crate::{profile::Profile, symbolize::SymbolizedSample};
+
+#[derive(Debug, thiserror::Error)]
+#[error("the store has shut down")]
+pub struct StoreClosed;
+
+enum Request {
+    Ingest {
+        second: u64,
+        samples: Vec<SymbolizedSample>,
+        acks: Vec<oneshot::Sender<()>>,
+    },
+    Query {
+        query: Query,
+        reply: oneshot::Sender<Profile>,
+    },
+    HasPid {
+        pid: u32,
+        window: Window,
+        reply: oneshot::Sender<bool>,
+    },
+    Stats {
+        reply: oneshot::Sender<StoreStats>,
+    },
+}
+
+#[derive(Clone)]
+pub struct StoreHandle {
+    tx: mpsc::Sender<Request>,
+}
+
+/// Starts the store task on the current tokio runtime.
+pub fn spawn(mut store: Store) -> StoreHandle {
+    let (tx, mut rx) = mpsc::channel(256);
+    tokio::spawn(async move {
+        while let Some(request) = rx.recv().await {
+            match request {
+                Request::Ingest { second, samples, acks } => {
+                    store.ingest(second, &samples);
+                    for ack in acks {
+                        let _ = ack.send(());
+                    }
+                }
+                Request::Query { query, reply } => {
+                    store.expire(crate::unix_now());
+                    let _ = reply.send(store.query(&query));
+                }
+                Request::HasPid { pid, window, reply } => {
+                    let _ = reply.send(store.has_pid(pid, window));
+                }
+                Request::Stats { reply } => {
+                    let _ = reply.send(store.stats());
+                }
+            }
+        }
+    });
+    StoreHandle { tx }
+}
+
+impl StoreHandle {
+    /// From a blocking thread: hands over a symbolized drain; `acks` fire once
+    /// it is queryable.
+    pub fn blocking_ingest(
+        &self,
+        second: u64,
+        samples: Vec<SymbolizedSample>,
+        acks: Vec<oneshot::Sender<()>>,
+    ) -> Result<(), StoreClosed> {
+        self.tx
+            .blocking_send(Request::Ingest { second, samples, acks })
+            .map_err(|_| StoreClosed)
+    }
+
+    pub async fn query(&self, query: Query) -> Result<Profile, StoreClosed> {
+        self.ask(|reply| Request::Query { query, reply }).await
+    }
+
+    pub async fn has_pid(&self, pid: u32, window: Window) -> Result<bool, StoreClosed> {
+        self.ask(|reply| Request::HasPid { pid, window, reply }).await
+    }
+
+    pub async fn stats(&self) -> Result<StoreStats, StoreClosed> {
+        self.ask(|reply| Request::Stats { reply }).await
+    }
+
+    async fn ask<T>(&self, request: impl FnOnce(oneshot::Sender<T>) -> Request) -> Result<T, StoreClosed> {
+        let (reply, answer) = oneshot::channel();
+        self.tx.send(request(reply)).await.map_err(|_| StoreClosed)?;
+        answer.await.map_err(|_| StoreClosed)
+    }
+}

@@ -1,0 +1,227 @@
+//! Stage 2: raw samples (addresses) -> symbolized samples (functions).
+//!
+//! Runs on its own thread: blazesym's symbolizer is not Send, and reading ELF
+//! and DWARF is blocking work that must not stall the drain or the server.
+
+mod demangle;
+mod processes;
+mod resolver;
+mod stack;
+
+use std::{collections::HashMap, sync::Arc};
+
+pub use processes::ProcessStats;
+pub use resolver::ResolverStats;
+pub use stack::{FrameKind, Function, Line, Location, Mapping, SymbolizedSample, SymbolizedStack};
+
+use crate::collect::{ProcessNotice, RawBatch};
+use processes::{ProcessEntry, ProcessTable};
+use resolver::Resolver;
+
+/// Cumulative symbolizer counters.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SymbolizerStats {
+    pub resolver: ResolverStats,
+    pub processes: ProcessStats,
+}
+
+pub struct Symbolizer {
+    resolver: Resolver,
+    processes: ProcessTable,
+    kernel_mapping: Arc<Mapping>,
+    names: HashMap<[u8; profiler_common::COMM_LEN], Arc<str>>,
+}
+
+impl Default for Symbolizer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Symbolizer {
+    pub fn new() -> Self {
+        Self {
+            resolver: Resolver::default(),
+            processes: ProcessTable::default(),
+            kernel_mapping: Arc::new(Mapping {
+                start: 0,
+                limit: u64::MAX,
+                file_offset: 0,
+                path: "[kernel.kallsyms]".into(),
+                build_id: None,
+            }),
+            names: HashMap::new(),
+        }
+    }
+
+    pub fn notice(&mut self, notice: ProcessNotice) {
+        match notice {
+            ProcessNotice::Started(snapshot) => self.processes.insert(snapshot, &mut self.resolver),
+            ProcessNotice::Exited { pid, instance } => self.processes.exited(pid, instance),
+        }
+    }
+
+    pub fn stats(&self) -> SymbolizerStats {
+        SymbolizerStats {
+            resolver: self.resolver.stats,
+            processes: self.processes.stats,
+        }
+    }
+
+    /// Symbolizes one drained batch. Samples without a stack keep an empty one.
+    pub fn symbolize(&mut self, batch: &RawBatch) -> Vec<SymbolizedSample> {
+        // Pass 1: find every address not yet cached and resolve them a file at a time.
+        for sample in &batch.samples {
+            let key = sample.key;
+            if let Some(stack) = stack_of(&batch.kernel_stacks, key.kernel_stack_id) {
+                for (index, &ip) in stack.iter().enumerate() {
+                    self.resolver.want_kernel(return_adjusted(ip, index > 0));
+                }
+            }
+            let Some(stack) = stack_of(&batch.user_stacks, key.user_stack_id) else {
+                continue;
+            };
+            let after_kernel = key.kernel_stack_id >= 0;
+            let Some(process) = self.processes.get_or_load(key.tgid, key.instance, &mut self.resolver) else {
+                continue;
+            };
+            for (index, &ip) in stack.iter().enumerate() {
+                let address = return_adjusted(ip, index > 0 || after_kernel);
+                if let Some(mapping) = process.mapping_of(address)
+                    && let Some(file) = &mapping.file
+                {
+                    self.resolver
+                        .want_user(&file.access_path, address - mapping.start + mapping.offset);
+                }
+            }
+        }
+        self.resolver.resolve_pending();
+
+        // Pass 2: build each distinct stack once per batch from the caches.
+        let mut stacks: HashMap<(u32, u32, i32, i32), Arc<SymbolizedStack>> = HashMap::new();
+        let mut out = Vec::with_capacity(batch.samples.len());
+        for sample in &batch.samples {
+            let key = sample.key;
+            let thread_name = self.name(&key.comm);
+            let process = self.processes.get_or_load(key.tgid, key.instance, &mut self.resolver);
+            let comm = match process {
+                Some(process) if !process.comm.is_empty() => process.comm.clone(),
+                _ => thread_name.clone(),
+            };
+            let stack = stacks
+                .entry((key.tgid, key.instance, key.user_stack_id, key.kernel_stack_id))
+                .or_insert_with(|| {
+                    Arc::new(build_stack(
+                        &self.resolver,
+                        &self.kernel_mapping,
+                        process,
+                        stack_of(&batch.kernel_stacks, key.kernel_stack_id),
+                        stack_of(&batch.user_stacks, key.user_stack_id),
+                    ))
+                })
+                .clone();
+            out.push(SymbolizedSample {
+                pid: key.tgid,
+                tid: key.tid,
+                comm,
+                thread_name,
+                stack,
+                count: sample.count,
+            });
+        }
+        for file in self.processes.end_batch() {
+            self.resolver.forget_file(&file.access_path);
+        }
+        out
+    }
+
+    fn name(&mut self, comm: &[u8; profiler_common::COMM_LEN]) -> Arc<str> {
+        self.names
+            .entry(*comm)
+            .or_insert_with(|| {
+                let len = comm.iter().position(|&byte| byte == 0).unwrap_or(comm.len());
+                String::from_utf8_lossy(&comm[..len]).into()
+            })
+            .clone()
+    }
+}
+
+fn stack_of(stacks: &HashMap<u32, Box<[u64]>>, id: i32) -> Option<&[u64]> {
+    u32::try_from(id).ok().and_then(|id| stacks.get(&id)).map(|stack| &**stack)
+}
+
+/// Non-leaf frames hold return addresses, which may already belong to the
+/// next function; the call instruction is at address - 1.
+fn return_adjusted(ip: u64, is_return_address: bool) -> u64 {
+    if is_return_address { ip.saturating_sub(1) } else { ip }
+}
+
+fn build_stack(
+    resolver: &Resolver,
+    kernel_mapping: &Arc<Mapping>,
+    process: Option<&ProcessEntry>,
+    kernel: Option<&[u64]>,
+    user: Option<&[u64]>,
+) -> SymbolizedStack {
+    let mut locations = Vec::with_capacity(kernel.map_or(0, <[u64]>::len) + user.map_or(0, <[u64]>::len));
+    for (index, &ip) in kernel.unwrap_or_default().iter().enumerate() {
+        let lines = resolver.kernel(return_adjusted(ip, index > 0));
+        locations.push(location(FrameKind::Kernel, ip, Some(kernel_mapping.clone()), lines, || {
+            format!("[unknown] [kernel.kallsyms]+{ip:#x}")
+        }));
+    }
+    let after_kernel = kernel.is_some();
+    for (index, &ip) in user.unwrap_or_default().iter().enumerate() {
+        let address = return_adjusted(ip, index > 0 || after_kernel);
+        let mapping = process.and_then(|process| process.mapping_of(address));
+        let lines = mapping.and_then(|mapping| {
+            let file = mapping.file.as_ref()?;
+            resolver.user(&file.access_path, address - mapping.start + mapping.offset)
+        });
+        locations.push(location(
+            FrameKind::User,
+            ip,
+            mapping.map(|mapping| mapping.mapping.clone()),
+            lines,
+            || match mapping {
+                Some(mapping) => {
+                    let module = mapping.mapping.path.rsplit('/').next().unwrap_or_default();
+                    let module = if module.is_empty() { "[anon]" } else { module };
+                    format!("[unknown] {module}+{:#x}", address - mapping.start + mapping.offset)
+                }
+                None => format!("[unknown] {ip:#x}"),
+            },
+        ));
+    }
+    SymbolizedStack {
+        locations: locations.into(),
+    }
+}
+
+fn location(
+    kind: FrameKind,
+    address: u64,
+    mapping: Option<Arc<Mapping>>,
+    lines: Option<Arc<[Line]>>,
+    placeholder: impl FnOnce() -> String,
+) -> Location {
+    let resolved = lines.is_some();
+    let lines = lines.unwrap_or_else(|| {
+        let name: Arc<str> = placeholder().into();
+        Arc::new([Line {
+            function: Arc::new(Function {
+                name: name.clone(),
+                system_name: name,
+                filename: None,
+            }),
+            line: 0,
+        }])
+    });
+    Location {
+        kind,
+        address,
+        mapping,
+        lines,
+        resolved,
+    }
+}

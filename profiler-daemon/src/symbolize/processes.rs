@@ -1,0 +1,154 @@
+//! What the symbolizer knows of each process instance: its name and the
+//! executable mappings snapshotted while it ran.
+
+use std::{collections::HashMap, sync::Arc};
+
+use crate::collect::{MappedFile, ProcessSnapshot, SnapshotReader};
+
+use super::{resolver::Resolver, stack::Mapping};
+
+/// Every this many batches, instances whose exit we missed are looked for.
+const SWEEP_EVERY_BATCHES: u64 = 60;
+
+pub struct UserMapping {
+    pub start: u64,
+    pub end: u64,
+    pub offset: u64,
+    pub file: Option<Arc<MappedFile>>,
+    pub mapping: Arc<Mapping>,
+}
+
+pub struct ProcessEntry {
+    pub comm: Arc<str>,
+    /// Sorted by `start`.
+    pub mappings: Vec<UserMapping>,
+    last_batch: u64,
+}
+
+impl ProcessEntry {
+    pub fn mapping_of(&self, address: u64) -> Option<&UserMapping> {
+        let index = self.mappings.partition_point(|mapping| mapping.start <= address);
+        let mapping = self.mappings.get(index.checked_sub(1)?)?;
+        (address < mapping.end).then_some(mapping)
+    }
+}
+
+/// Counters for metrics.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ProcessStats {
+    pub tracked: u64,
+    /// Snapshots read at drain time because the early one was missing.
+    pub late_snapshots: u64,
+    /// Processes with samples but no readable mappings.
+    pub missing_snapshots: u64,
+}
+
+#[derive(Default)]
+pub struct ProcessTable {
+    entries: HashMap<(u32, u32), ProcessEntry>,
+    exited: Vec<(u32, u32)>,
+    reader: SnapshotReader,
+    batch: u64,
+    pub stats: ProcessStats,
+}
+
+impl ProcessTable {
+    pub fn insert(&mut self, snapshot: ProcessSnapshot, resolver: &mut Resolver) {
+        let key = (snapshot.pid, snapshot.instance);
+        let entry = entry_from(snapshot, resolver, self.batch);
+        self.entries.insert(key, entry);
+        self.stats.tracked = self.entries.len() as u64;
+    }
+
+    /// The instance is gone: forget it after the next batch, which holds its last samples.
+    pub fn exited(&mut self, pid: u32, instance: u32) {
+        self.exited.push((pid, instance));
+    }
+
+    /// The entry for a sampled instance, reading /proc now if no snapshot came.
+    pub fn get_or_load(&mut self, pid: u32, instance: u32, resolver: &mut Resolver) -> Option<&ProcessEntry> {
+        let batch = self.batch;
+        let key = (pid, instance);
+        if !self.entries.contains_key(&key) {
+            match self.reader.read(pid, instance) {
+                Ok(snapshot) => {
+                    self.stats.late_snapshots += 1;
+                    let entry = entry_from(snapshot, resolver, batch);
+                    self.entries.insert(key, entry);
+                    self.stats.tracked = self.entries.len() as u64;
+                }
+                Err(_) => {
+                    self.stats.missing_snapshots += 1;
+                    return None;
+                }
+            }
+        }
+        let entry = self.entries.get_mut(&key)?;
+        entry.last_batch = batch;
+        Some(entry)
+    }
+
+    /// Called after each batch: drops instances that exited before it, and
+    /// now and then those whose process is gone without an exit notice.
+    /// Returns files no longer mapped by anyone (their caches can go).
+    pub fn end_batch(&mut self) -> Vec<Arc<MappedFile>> {
+        self.batch += 1;
+        let mut released = Vec::new();
+        let mut drop_entry = |entry: ProcessEntry| {
+            released.extend(entry.mappings.into_iter().filter_map(|mapping| mapping.file));
+        };
+        for key in std::mem::take(&mut self.exited) {
+            if let Some(entry) = self.entries.remove(&key) {
+                drop_entry(entry);
+            }
+        }
+        if self.batch.is_multiple_of(SWEEP_EVERY_BATCHES) {
+            let batch = self.batch;
+            let gone: Vec<_> = self
+                .entries
+                .iter()
+                .filter(|((pid, _), entry)| {
+                    entry.last_batch + 2 < batch && !std::path::Path::new(&format!("/proc/{pid}")).exists()
+                })
+                .map(|(key, _)| *key)
+                .collect();
+            for key in gone {
+                if let Some(entry) = self.entries.remove(&key) {
+                    drop_entry(entry);
+                }
+            }
+        }
+        self.stats.tracked = self.entries.len() as u64;
+        // Files held open (deleted binaries, other namespaces) whose last user left.
+        released.retain(|file| Arc::strong_count(file) == 1 && file.access_path.starts_with("/proc/self/fd"));
+        released
+    }
+}
+
+fn entry_from(snapshot: ProcessSnapshot, resolver: &mut Resolver, batch: u64) -> ProcessEntry {
+    let mappings = snapshot
+        .mappings
+        .into_iter()
+        .map(|mapping| {
+            let build_id = mapping.file.as_ref().and_then(|file| resolver.build_id(&file.access_path));
+            UserMapping {
+                start: mapping.start,
+                end: mapping.end,
+                offset: mapping.offset,
+                mapping: Arc::new(Mapping {
+                    start: mapping.start,
+                    limit: mapping.end,
+                    file_offset: mapping.offset,
+                    path: mapping.path,
+                    build_id,
+                }),
+                file: mapping.file,
+            }
+        })
+        .collect();
+    ProcessEntry {
+        comm: snapshot.comm.into(),
+        mappings,
+        last_batch: batch,
+    }
+}

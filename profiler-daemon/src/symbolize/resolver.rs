@@ -1,0 +1,223 @@
+//! blazesym behind long-lived caches: user frames by (file, file offset), so a
+//! library's symbols are shared by every process that maps it and survive the
+//! process; kernel frames by address, from kallsyms.
+
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+    sync::Arc,
+};
+
+use blazesym::symbolize::{
+    Input, Symbolized, Symbolizer as Blaze,
+    source::{Elf, Kernel, Source},
+};
+
+use super::{
+    demangle::demangle,
+    stack::{Function, Line},
+};
+
+/// Caches are dropped wholesale past these sizes: re-symbolizing is cheap,
+/// unbounded growth over months is not.
+const MAX_USER_ENTRIES: usize = 1 << 20;
+const MAX_KERNEL_ENTRIES: usize = 1 << 18;
+
+/// Cache and resolution counters (cumulative).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ResolverStats {
+    pub cache_hits: u64,
+    pub cache_misses: u64,
+    /// Addresses blazesym could not resolve (they keep a placeholder frame).
+    pub unresolved: u64,
+    /// Files or kallsyms that could not be read at all.
+    pub source_errors: u64,
+}
+
+pub struct Resolver {
+    blaze: Blaze,
+    user: HashMap<PathBuf, HashMap<u64, Option<Arc<[Line]>>>>,
+    user_entries: usize,
+    kernel: HashMap<u64, Option<Arc<[Line]>>>,
+    pending_user: HashMap<PathBuf, Vec<u64>>,
+    pending_kernel: Vec<u64>,
+    functions: HashMap<Arc<Function>, ()>,
+    build_ids: HashMap<PathBuf, Option<Arc<str>>>,
+    pub stats: ResolverStats,
+}
+
+impl Default for Resolver {
+    fn default() -> Self {
+        Self {
+            // We demangle ourselves so pprof can keep both names.
+            blaze: Blaze::builder().enable_demangling(false).build(),
+            user: HashMap::new(),
+            user_entries: 0,
+            kernel: HashMap::new(),
+            pending_user: HashMap::new(),
+            pending_kernel: Vec::new(),
+            functions: HashMap::new(),
+            build_ids: HashMap::new(),
+            stats: ResolverStats::default(),
+        }
+    }
+}
+
+impl Resolver {
+    /// Notes that `file_offset` in `file` will be needed by [`Self::user`].
+    pub fn want_user(&mut self, file: &Path, file_offset: u64) {
+        if self.user.get(file).is_some_and(|cache| cache.contains_key(&file_offset)) {
+            self.stats.cache_hits += 1;
+            return;
+        }
+        self.stats.cache_misses += 1;
+        self.pending_user.entry(file.to_path_buf()).or_default().push(file_offset);
+    }
+
+    pub fn want_kernel(&mut self, address: u64) {
+        if self.kernel.contains_key(&address) {
+            self.stats.cache_hits += 1;
+            return;
+        }
+        self.stats.cache_misses += 1;
+        self.pending_kernel.push(address);
+    }
+
+    /// Resolves everything wanted since the last call, a batch per file.
+    pub fn resolve_pending(&mut self) {
+        if self.user_entries > MAX_USER_ENTRIES {
+            self.user.clear();
+            self.user_entries = 0;
+        }
+        if self.kernel.len() > MAX_KERNEL_ENTRIES {
+            self.kernel.clear();
+        }
+        let pending = std::mem::take(&mut self.pending_user);
+        for (file, mut offsets) in pending {
+            offsets.sort_unstable();
+            offsets.dedup();
+            let source = Source::Elf(Elf::new(&file));
+            let results = self.symbolize(&source, Input::FileOffset(&offsets), offsets.len());
+            let cache = self.user.entry(file).or_default();
+            self.user_entries += offsets.len();
+            cache.extend(offsets.into_iter().zip(results));
+        }
+        let mut addresses = std::mem::take(&mut self.pending_kernel);
+        if !addresses.is_empty() {
+            addresses.sort_unstable();
+            addresses.dedup();
+            let source = Source::Kernel(Kernel {
+                // Debug info for the kernel is rarely installed and slow to parse.
+                debug_syms: false,
+                ..Kernel::default()
+            });
+            let results = self.symbolize(&source, Input::AbsAddr(&addresses), addresses.len());
+            self.kernel.extend(addresses.into_iter().zip(results));
+        }
+    }
+
+    /// The lines for a user address resolved by [`Self::resolve_pending`];
+    /// None when unresolvable.
+    pub fn user(&self, file: &Path, file_offset: u64) -> Option<Arc<[Line]>> {
+        self.user.get(file)?.get(&file_offset)?.clone()
+    }
+
+    pub fn kernel(&self, address: u64) -> Option<Arc<[Line]>> {
+        self.kernel.get(&address)?.clone()
+    }
+
+    /// GNU build id of a file, lowercase hex, cached.
+    pub fn build_id(&mut self, file: &Path) -> Option<Arc<str>> {
+        if let Some(id) = self.build_ids.get(file) {
+            return id.clone();
+        }
+        let id = blazesym::helper::read_elf_build_id(file).ok().flatten().map(|bytes| {
+            let hex: String = bytes.iter().map(|byte| format!("{byte:02x}")).collect();
+            Arc::from(hex)
+        });
+        self.build_ids.insert(file.to_path_buf(), id.clone());
+        id
+    }
+
+    /// Forgets a file (it was held open for an exited process and is closed now).
+    pub fn forget_file(&mut self, file: &Path) {
+        if let Some(cache) = self.user.remove(file) {
+            self.user_entries = self.user_entries.saturating_sub(cache.len());
+        }
+        self.build_ids.remove(file);
+        let evict = blazesym::symbolize::evict::Evict::Elf(blazesym::symbolize::evict::Elf::new(file));
+        let _ = self.blaze.evict(&evict);
+    }
+
+    fn symbolize(&mut self, source: &Source, input: Input<&[u64]>, len: usize) -> Vec<Option<Arc<[Line]>>> {
+        let results = match self.blaze.symbolize(source, input) {
+            Ok(results) => results,
+            Err(err) => {
+                self.stats.source_errors += 1;
+                tracing::debug!("symbolization source failed: {err}");
+                self.stats.unresolved += len as u64;
+                return vec![None; len];
+            }
+        };
+        let mut out = Vec::with_capacity(len);
+        let mut unresolved = 0;
+        for result in &results {
+            match result {
+                Symbolized::Sym(sym) => out.push(Some(lines_of(&mut self.functions, sym))),
+                Symbolized::Unknown(_) => {
+                    unresolved += 1;
+                    out.push(None);
+                }
+            }
+        }
+        self.stats.unresolved += unresolved;
+        out
+    }
+}
+
+/// pprof's Lines for one address, innermost first. blazesym reports the
+/// outermost function with its inlined callees outer to inner; each callee's
+/// code info is its call site (a line of its caller), and the symbol's own
+/// code info is the address's line in the innermost function.
+fn lines_of(functions: &mut HashMap<Arc<Function>, ()>, sym: &blazesym::symbolize::Sym<'_>) -> Arc<[Line]> {
+    let mut names: Vec<(&str, Option<&blazesym::symbolize::CodeInfo<'_>>)> =
+        Vec::with_capacity(sym.inlined.len() + 1);
+    names.push((&sym.name, None));
+    names.extend(sym.inlined.iter().map(|inlined| (&*inlined.name, None)));
+    // Shift code infos: the outermost gets the first callee's call site, ...,
+    // the innermost gets the symbol's own location.
+    for (index, inlined) in sym.inlined.iter().enumerate() {
+        names[index].1 = inlined.code_info.as_ref();
+    }
+    if let Some(last) = names.last_mut() {
+        last.1 = sym.code_info.as_deref();
+    }
+    names
+        .iter()
+        .rev()
+        .map(|(system_name, code_info)| {
+            let filename = code_info.map(|info| {
+                let path = info.to_path();
+                Arc::<str>::from(path.to_string_lossy())
+            });
+            Line {
+                function: intern(functions, system_name, filename),
+                line: code_info.and_then(|info| info.line).unwrap_or(0),
+            }
+        })
+        .collect()
+}
+
+fn intern(functions: &mut HashMap<Arc<Function>, ()>, system_name: &str, filename: Option<Arc<str>>) -> Arc<Function> {
+    let function = Function {
+        name: demangle(system_name).into(),
+        system_name: system_name.into(),
+        filename,
+    };
+    if let Some((existing, ())) = functions.get_key_value(&function) {
+        return existing.clone();
+    }
+    let function = Arc::new(function);
+    functions.insert(function.clone(), ());
+    function
+}

@@ -1,0 +1,139 @@
+//! The symbolize stage's output types, shaped like pprof's model: a stack is a
+//! list of locations (leaf first), a location is an address in a mapping with
+//! one line per function at that address (inlined ones innermost first).
+
+use std::sync::Arc;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum FrameKind {
+    User,
+    Kernel,
+}
+
+/// A mapped object: an executable or library, or the kernel.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Mapping {
+    pub start: u64,
+    pub limit: u64,
+    pub file_offset: u64,
+    /// The path as the process saw it, or `[kernel.kallsyms]`.
+    pub path: Arc<str>,
+    /// GNU build id, lowercase hex.
+    pub build_id: Option<Arc<str>>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Function {
+    /// Demangled name (Rust hashes removed), or `[unknown] module+0xoffset`.
+    pub name: Arc<str>,
+    /// The name as found in the symbol table (mangled).
+    pub system_name: Arc<str>,
+    pub filename: Option<Arc<str>>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Line {
+    pub function: Arc<Function>,
+    /// 0 when unknown.
+    pub line: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Location {
+    pub kind: FrameKind,
+    /// The address as sampled (a return address for non-leaf frames).
+    pub address: u64,
+    pub mapping: Option<Arc<Mapping>>,
+    /// Innermost first; never empty (unresolved frames get a placeholder).
+    pub lines: Arc<[Line]>,
+    /// False when `lines` is a placeholder.
+    pub resolved: bool,
+}
+
+/// A symbolized call stack: kernel locations (if any) then user ones, leaf first.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct SymbolizedStack {
+    pub locations: Box<[Location]>,
+}
+
+impl SymbolizedStack {
+    /// Function names root first, inlined frames expanded, as
+    /// (name, kind, inlined) triples: the order a flame graph reads.
+    pub fn frames_root_first(&self) -> impl Iterator<Item = (&str, FrameKind, bool)> {
+        self.locations.iter().rev().flat_map(|location| {
+            let outermost = location.lines.len().saturating_sub(1);
+            location
+                .lines
+                .iter()
+                .enumerate()
+                .rev()
+                .map(move |(index, line)| (&*line.function.name, location.kind, index != outermost))
+        })
+    }
+
+    /// Approximate heap bytes held by this stack (for the store's bound).
+    pub fn approx_bytes(&self) -> usize {
+        size_of::<Self>() + self.locations.len() * (size_of::<Location>() + 48)
+    }
+}
+
+/// One symbolized entry of a drain: `count` samples of one thread with one stack.
+#[derive(Clone, Debug)]
+pub struct SymbolizedSample {
+    pub pid: u32,
+    pub tid: u32,
+    /// Process name.
+    pub comm: Arc<str>,
+    pub thread_name: Arc<str>,
+    pub stack: Arc<SymbolizedStack>,
+    pub count: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(name: &str) -> Line {
+        Line {
+            function: Arc::new(Function {
+                name: name.into(),
+                system_name: name.into(),
+                filename: None,
+            }),
+            line: 0,
+        }
+    }
+
+    fn location(kind: FrameKind, names: &[&str]) -> Location {
+        Location {
+            kind,
+            address: 0,
+            mapping: None,
+            lines: names.iter().map(|name| line(name)).collect(),
+            resolved: true,
+        }
+    }
+
+    #[test]
+    fn root_first_expands_inlined_outermost_first() {
+        // Leaf location: kernel; then a user location where `inner` is inlined into `outer`.
+        let stack = SymbolizedStack {
+            locations: vec![
+                location(FrameKind::Kernel, &["do_sys_read"]),
+                location(FrameKind::User, &["inner", "outer"]),
+                location(FrameKind::User, &["main"]),
+            ]
+            .into(),
+        };
+        let frames: Vec<_> = stack.frames_root_first().collect();
+        assert_eq!(
+            frames,
+            vec![
+                ("main", FrameKind::User, false),
+                ("outer", FrameKind::User, false),
+                ("inner", FrameKind::User, true),
+                ("do_sys_read", FrameKind::Kernel, false),
+            ]
+        );
+    }
+}

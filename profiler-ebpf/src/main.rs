@@ -1,0 +1,230 @@
+//! The sampler: a perf_event program on cpu-clock (one per CPU) that counts
+//! (thread, process instance, user stack, kernel stack) in-kernel, and two raw
+//! tracepoints that keep the process-instance table honest across exec and exit.
+//!
+//! Two buffers (counts + stack maps) alternate: the sampler writes to the one
+//! CONTROL names, the daemon flips CONTROL and drains the other, so no sample
+//! lands in a map while it is being read and cleared.
+#![no_std]
+#![no_main]
+
+use aya_ebpf::{
+    EbpfContext,
+    bindings::{BPF_F_USER_STACK, BPF_NOEXIST},
+    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_ktime_get_ns},
+    macros::{map, perf_event, raw_tracepoint},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf, StackTrace},
+    programs::{PerfEventContext, RawTracePointContext, tracing::StackIdContext},
+};
+use aya_log_ebpf::warn;
+use profiler_common::{
+    COMM_LEN, CONTROL_ACTIVE_BUFFER, CONTROL_LEN, Counter, ProcessEvent, ProcessEventKind,
+    SampleKey, maps::*,
+};
+
+const EEXIST: i32 = 17;
+const EFAULT: i32 = 14;
+const ENOMEM: i32 = 12;
+
+#[map]
+static COUNTS_0: HashMap<SampleKey, u64> = HashMap::with_max_entries(DEFAULT_COUNTS_ENTRIES, 0);
+#[map]
+static COUNTS_1: HashMap<SampleKey, u64> = HashMap::with_max_entries(DEFAULT_COUNTS_ENTRIES, 0);
+#[map]
+static USER_STACKS_0: StackTrace = StackTrace::with_max_entries(DEFAULT_USER_STACKS_ENTRIES, 0);
+#[map]
+static USER_STACKS_1: StackTrace = StackTrace::with_max_entries(DEFAULT_USER_STACKS_ENTRIES, 0);
+#[map]
+static KERNEL_STACKS_0: StackTrace =
+    StackTrace::with_max_entries(DEFAULT_KERNEL_STACKS_ENTRIES, 0);
+#[map]
+static KERNEL_STACKS_1: StackTrace =
+    StackTrace::with_max_entries(DEFAULT_KERNEL_STACKS_ENTRIES, 0);
+#[map]
+static CONTROL: Array<u32> = Array::with_max_entries(CONTROL_LEN, 0);
+#[map]
+static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Counter::COUNT, 0);
+/// tgid -> instance of the process the sampler currently knows by that tgid.
+#[map]
+static PROCESSES: LruHashMap<u32, u32> =
+    LruHashMap::with_max_entries(DEFAULT_PROCESSES_ENTRIES, 0);
+#[map]
+static PROCESS_EVENTS: RingBuf = RingBuf::with_byte_size(PROCESS_EVENTS_BYTES, 0);
+
+/// Adds one to a per-CPU counter and returns its previous value. No atomics:
+/// the value is per CPU and tracing programs do not nest on one CPU.
+#[inline(always)]
+fn bump(counter: Counter) -> u64 {
+    match COUNTERS.get_ptr_mut(counter as u32) {
+        Some(value) => unsafe {
+            let before = *value;
+            *value = before + 1;
+            before
+        },
+        None => 0,
+    }
+}
+
+#[perf_event]
+pub fn sample(ctx: PerfEventContext) -> u32 {
+    bump(Counter::Samples);
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tid = pid_tgid as u32;
+    let tgid = (pid_tgid >> 32) as u32;
+    if tid == 0 {
+        // Each CPU's idle task (swapper/N) has pid 0; it is not a process.
+        bump(Counter::Idle);
+        return 0;
+    }
+    let instance = process_instance(&ctx, tgid);
+    let key = SampleKey {
+        tgid,
+        tid,
+        instance,
+        user_stack_id: 0,
+        kernel_stack_id: 0,
+        comm: bpf_get_current_comm().unwrap_or([0; COMM_LEN]),
+    };
+    // Two monomorphic copies rather than one with a map pointer chosen at run
+    // time: the verifier can then inline the map lookups.
+    match CONTROL.get(CONTROL_ACTIVE_BUFFER) {
+        Some(1) => record(&ctx, key, &COUNTS_1, &USER_STACKS_1, &KERNEL_STACKS_1),
+        _ => record(&ctx, key, &COUNTS_0, &USER_STACKS_0, &KERNEL_STACKS_0),
+    }
+    0
+}
+
+#[inline(always)]
+fn record(
+    ctx: &PerfEventContext,
+    mut key: SampleKey,
+    counts: &HashMap<SampleKey, u64>,
+    user_stacks: &StackTrace,
+    kernel_stacks: &StackTrace,
+) {
+    key.user_stack_id = stack_id(
+        ctx,
+        user_stacks,
+        BPF_F_USER_STACK as u64,
+        [Counter::NoUserStack, Counter::UserStackCollision, Counter::UserStackMapFull, Counter::UserStackError],
+    );
+    key.kernel_stack_id = stack_id(
+        ctx,
+        kernel_stacks,
+        0,
+        [
+            Counter::NoKernelStack,
+            Counter::KernelStackCollision,
+            Counter::KernelStackMapFull,
+            Counter::KernelStackError,
+        ],
+    );
+    // The key holds the tid and a thread runs on one CPU at a time, so no other
+    // CPU updates this entry concurrently: a plain increment is exact.
+    if let Some(count) = counts.get_ptr_mut(&key) {
+        unsafe { *count += 1 };
+        return;
+    }
+    if counts.insert(&key, &1, BPF_NOEXIST as u64).is_err() && bump(Counter::CountsMapFull) == 0 {
+        warn!(ctx, "counts map full: samples are being lost (first loss on this CPU)");
+    }
+}
+
+/// The stack's id, or the negative errno; each failure kind is counted.
+/// `counters` = [no stack, collision, map full, other error].
+#[inline(always)]
+fn stack_id(ctx: &PerfEventContext, map: &StackTrace, flags: u64, counters: [Counter; 4]) -> i32 {
+    match ctx.get_stackid(map, flags) {
+        Ok(id) => id as i32,
+        Err(err) => {
+            let counter = match -err {
+                EFAULT => counters[0],
+                EEXIST => counters[1],
+                ENOMEM => counters[2],
+                _ => counters[3],
+            };
+            bump(counter);
+            err
+        }
+    }
+}
+
+/// The instance id of the process `tgid`, handing out (and announcing) a new one
+/// the first time the process is sampled.
+#[inline(always)]
+fn process_instance<C: EbpfContext>(ctx: &C, tgid: u32) -> u32 {
+    if let Some(instance) = unsafe { PROCESSES.get(&tgid) } {
+        return *instance;
+    }
+    // Random rather than a counter: unique enough across pid reuse without a
+    // shared atomic; never 0, which means "unknown".
+    let instance = unsafe { bpf_get_prandom_u32() } | 1;
+    match PROCESSES.insert(&tgid, &instance, BPF_NOEXIST as u64) {
+        Ok(()) => {
+            announce(ProcessEventKind::Started, tgid, instance);
+            instance
+        }
+        // Another CPU sampled a thread of the same new process first.
+        Err(err) if -err == EEXIST => unsafe { PROCESSES.get(&tgid) }.copied().unwrap_or(0),
+        Err(_) => {
+            if bump(Counter::ProcessMapFull) == 0 {
+                warn!(ctx, "process map refused an entry (first time on this CPU)");
+            }
+            0
+        }
+    }
+}
+
+#[inline(always)]
+fn announce(kind: ProcessEventKind, tgid: u32, instance: u32) {
+    match PROCESS_EVENTS.reserve::<ProcessEvent>(0) {
+        Some(mut entry) => {
+            entry.write(ProcessEvent {
+                ktime_ns: unsafe { bpf_ktime_get_ns() },
+                kind: kind as u32,
+                tgid,
+                instance,
+                reserved: 0,
+            });
+            entry.submit(0);
+        }
+        None => {
+            bump(Counter::ProcessEventsLost);
+        }
+    }
+}
+
+/// After exec the process has new mappings: forget its instance so the next
+/// sample announces a new one and the daemon reads the new mappings.
+#[raw_tracepoint(tracepoint = "sched_process_exec")]
+pub fn on_exec(_ctx: RawTracePointContext) -> i32 {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    let _ = PROCESSES.remove(&tgid);
+    0
+}
+
+/// When a sampled process's main thread exits, tell the daemon (so it can drop
+/// the mappings once the last samples are drained) and free the tgid.
+#[raw_tracepoint(tracepoint = "sched_process_exit")]
+pub fn on_exit(_ctx: RawTracePointContext) -> i32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    if pid_tgid as u32 != tgid {
+        return 0;
+    }
+    if let Some(instance) = unsafe { PROCESSES.get(&tgid) }.copied() {
+        let _ = PROCESSES.remove(&tgid);
+        announce(ProcessEventKind::Exited, tgid, instance);
+    }
+    0
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

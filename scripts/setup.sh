@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Installs everything profilerd needs to build and test on a fresh Debian machine
+# (root, network access to Debian and crates.io mirrors, rustup present).
+# Idempotent: every step checks before it acts, so a second run takes seconds.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=scripts/toolchain.env
+source "$here/scripts/toolchain.env"
+
+log() { printf '\033[1msetup:\033[0m %s\n' "$*" >&2; }
+
+need_root() {
+    if [ "$(id -u)" -ne 0 ]; then
+        echo "setup: must run as root (BPF programs and apt-get need it)" >&2
+        exit 1
+    fi
+}
+
+install_debian_packages() {
+    local missing=()
+    for p in "${DEBIAN_PACKAGES[@]}"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+    done
+    if [ "${#missing[@]}" -eq 0 ]; then
+        return
+    fi
+    log "installing Debian packages: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+install_rust_toolchains() {
+    if ! command -v rustup >/dev/null; then
+        echo "setup: rustup not found; install it first (https://rustup.rs)" >&2
+        exit 1
+    fi
+    if ! rustup run "$STABLE_TOOLCHAIN" rustc --version >/dev/null 2>&1; then
+        log "installing Rust $STABLE_TOOLCHAIN"
+        rustup toolchain install "$STABLE_TOOLCHAIN" --profile minimal --component clippy,rustfmt
+    fi
+    if ! rustup run "$BPF_TOOLCHAIN" rustc --version >/dev/null 2>&1 ||
+        ! rustup component list --toolchain "$BPF_TOOLCHAIN" --installed | grep -q '^rust-src'; then
+        log "installing Rust $BPF_TOOLCHAIN with rust-src (BPF target)"
+        rustup toolchain install "$BPF_TOOLCHAIN" --profile minimal --component rust-src
+    fi
+}
+
+# bpf-linker links against a libLLVM whose major version must match its llvm-sys
+# feature. Debian's LLVM is too old, so we link against the libLLVM shipped inside
+# the pinned nightly (the same LLVM that emits the BPF bitcode).
+install_bpf_linker() {
+    local cargo_home="${CARGO_HOME:-$HOME/.cargo}"
+    if command -v bpf-linker >/dev/null && bpf-linker --version 2>/dev/null | grep -q "$BPF_LINKER_VERSION"; then
+        return
+    fi
+    local sysroot llvm_prefix
+    sysroot="$(rustup run "$BPF_TOOLCHAIN" rustc --print sysroot)"
+    llvm_prefix="$cargo_home/profilerd-llvm"
+    mkdir -p "$llvm_prefix/lib"
+    ln -sf "$(ls "$sysroot"/lib/libLLVM.so.* | head -n1)" "$llvm_prefix/lib/libLLVM.so"
+    log "installing bpf-linker $BPF_LINKER_VERSION against $(basename "$(readlink "$llvm_prefix/lib/libLLVM.so")")"
+    LLVM_PREFIX="$llvm_prefix" RUSTFLAGS="-C link-arg=-Wl,-rpath,$sysroot/lib" \
+        rustup run "$STABLE_TOOLCHAIN" cargo install --locked --force \
+        bpf-linker --version "$BPF_LINKER_VERSION" --no-default-features --features "$BPF_LINKER_LLVM"
+}
+
+install_go_pprof() {
+    if ! command -v go >/dev/null; then
+        log "installing Go (for go tool pprof, the independent pprof reader)"
+        DEBIAN_PACKAGES=(golang-go)
+        install_debian_packages
+    fi
+}
+
+main() {
+    need_root
+    install_debian_packages
+    install_rust_toolchains
+    install_bpf_linker
+    install_go_pprof
+    log "ready"
+}
+
+main "$@"
