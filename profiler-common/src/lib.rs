@@ -50,6 +50,28 @@ pub struct ProcessEvent {
     pub reserved: u32,
 }
 
+/// A sample whose stacks could not get an id (another stack held the hash
+/// bucket): rather than lose its stacks, the sampler copies them whole into
+/// the SPILLED_SAMPLES ring buffer, which the daemon empties at every drain.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SpilledSample {
+    pub tgid: u32,
+    pub tid: u32,
+    pub instance: u32,
+    /// Bytes of `user` written by bpf_get_stack, or a negative errno.
+    pub user_len: i32,
+    /// Bytes of `kernel` written, or a negative errno.
+    pub kernel_len: i32,
+    pub comm: [u8; COMM_LEN],
+    pub reserved: u32,
+    pub user: [u64; MAX_STACK_DEPTH],
+    pub kernel: [u64; MAX_STACK_DEPTH],
+}
+
+/// Stack ids the daemon gives spilled stacks; real stack-map ids stay below.
+pub const SPILLED_STACK_ID_BASE: u32 = 1 << 30;
+
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ProcessEventKind {
@@ -87,7 +109,8 @@ pub enum Counter {
     NoUserStack,
     /// Samples without a kernel stack (taken in user mode); normal.
     NoKernelStack,
-    /// bpf_get_stackid found another stack in the hash bucket (-EEXIST).
+    /// bpf_get_stackid found another stack in the hash bucket (-EEXIST); the
+    /// sample went through the spill ring instead, stacks intact.
     UserStackCollision,
     /// The user stack-trace map had no free entry (-ENOMEM).
     UserStackMapFull,
@@ -102,10 +125,14 @@ pub enum Counter {
     ProcessMapFull,
     /// The process-events ring buffer was full; the daemon learns of the process late.
     ProcessEventsLost,
+    /// Samples copied whole into the spill ring after a stack-id collision.
+    Spilled,
+    /// The spill ring was full: the sample was counted without its stacks.
+    SpillLost,
 }
 
 impl Counter {
-    pub const COUNT: u32 = 13;
+    pub const COUNT: u32 = 15;
 
     pub const ALL: [Counter; Self::COUNT as usize] = [
         Counter::Samples,
@@ -121,6 +148,8 @@ impl Counter {
         Counter::CountsMapFull,
         Counter::ProcessMapFull,
         Counter::ProcessEventsLost,
+        Counter::Spilled,
+        Counter::SpillLost,
     ];
 
     /// Stable snake_case name used in logs and metrics.
@@ -139,14 +168,24 @@ impl Counter {
             Counter::CountsMapFull => "counts_map_full",
             Counter::ProcessMapFull => "process_map_full",
             Counter::ProcessEventsLost => "process_events_lost",
+            Counter::Spilled => "spilled",
+            Counter::SpillLost => "spill_lost",
         }
     }
 
     /// True for failures (data lost or degraded), false for plain statistics.
+    /// A collision is not one: the spill ring keeps the sample whole, and
+    /// `SpillLost` counts the times it could not.
     pub const fn is_error(self) -> bool {
         !matches!(
             self,
-            Counter::Samples | Counter::Idle | Counter::NoUserStack | Counter::NoKernelStack
+            Counter::Samples
+                | Counter::Idle
+                | Counter::NoUserStack
+                | Counter::NoKernelStack
+                | Counter::UserStackCollision
+                | Counter::KernelStackCollision
+                | Counter::Spilled
         )
     }
 }
@@ -160,6 +199,7 @@ pub mod maps {
     pub const COUNTERS: &str = "COUNTERS";
     pub const PROCESSES: &str = "PROCESSES";
     pub const PROCESS_EVENTS: &str = "PROCESS_EVENTS";
+    pub const SPILLED_SAMPLES: &str = "SPILLED_SAMPLES";
 
     /// Default capacities; the daemon may override them at load time.
     pub const DEFAULT_COUNTS_ENTRIES: u32 = 16384;
@@ -167,6 +207,8 @@ pub mod maps {
     pub const DEFAULT_KERNEL_STACKS_ENTRIES: u32 = 8192;
     pub const DEFAULT_PROCESSES_ENTRIES: u32 = 32768;
     pub const PROCESS_EVENTS_BYTES: u32 = 256 * 1024;
+    /// About 250 spilled samples per drain.
+    pub const SPILLED_SAMPLES_BYTES: u32 = 512 * 1024;
 }
 
 /// Program names as the daemon looks them up.
@@ -180,6 +222,8 @@ pub mod programs {
 const _: () = assert!(core::mem::size_of::<SampleKey>() == 5 * 4 + COMM_LEN);
 const _: () = assert!(core::mem::align_of::<SampleKey>() == 4);
 const _: () = assert!(core::mem::size_of::<ProcessEvent>() == 8 + 4 * 4);
+const _: () = assert!(core::mem::size_of::<SpilledSample>() == 5 * 4 + COMM_LEN + 4 + 2 * 8 * MAX_STACK_DEPTH);
+const _: () = assert!(core::mem::align_of::<SpilledSample>() == 8);
 const _: () = assert!(Counter::ALL.len() == Counter::COUNT as usize);
 
 #[cfg(feature = "user")]
@@ -188,4 +232,6 @@ mod pod {
     unsafe impl aya::Pod for super::SampleKey {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::ProcessEvent {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::SpilledSample {}
 }

@@ -16,7 +16,10 @@ use std::{
 use tokio::sync::{oneshot, watch};
 
 use crate::{
-    collect::{BpfCounters, CollectError, Drainer, ProcessNotice, ProcessWatcher, RawBatch, Sampler, SamplerOptions, WatcherStats},
+    collect::{
+        BpfCounters, CollectError, Drainer, ProcessNotice, ProcessWatcher, RawBatch, Sampler, SamplerOptions,
+        WatcherStats,
+    },
     store::{self, Store, StoreConfig, StoreHandle},
     symbolize::{Symbolizer, SymbolizerStats},
 };
@@ -104,7 +107,9 @@ impl Pipeline {
             let stop = stop.clone();
             threads.push(spawn(
                 "watch-procs",
-                Box::new(move || watcher.run(&stop, |notice| tx.send(SymbolizeInput::Notice(notice)).is_ok())),
+                Box::new(move || {
+                    watcher.run(&stop, |notice| tx.send(SymbolizeInput::Notice(notice)).is_ok())
+                }),
             )?);
         }
         {
@@ -136,7 +141,9 @@ impl Pipeline {
     /// Drains the sampler now; returns once the drained samples are queryable.
     pub async fn drain_now(&self) -> Result<(), PipelineError> {
         let (ack, done) = oneshot::channel();
-        self.drain_tx.send(DrainCommand::Now(ack)).map_err(|_| PipelineError::Stopped)?;
+        self.drain_tx
+            .send(DrainCommand::Now(ack))
+            .map_err(|_| PipelineError::Stopped)?;
         done.await.map_err(|_| PipelineError::Stopped)
     }
 

@@ -10,16 +10,18 @@
 
 use aya_ebpf::{
     EbpfContext,
-    bindings::{BPF_F_USER_STACK, BPF_NOEXIST},
-    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_ktime_get_ns},
+    bindings::{BPF_F_USER_STACK, BPF_NOEXIST, BPF_RB_NO_WAKEUP},
+    helpers::{
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_get_stack, bpf_ktime_get_ns,
+    },
     macros::{map, perf_event, raw_tracepoint},
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf, StackTrace},
     programs::{PerfEventContext, RawTracePointContext, tracing::StackIdContext},
 };
 use aya_log_ebpf::warn;
 use profiler_common::{
-    COMM_LEN, CONTROL_ACTIVE_BUFFER, CONTROL_LEN, Counter, ProcessEvent, ProcessEventKind,
-    SampleKey, maps::*,
+    COMM_LEN, CONTROL_ACTIVE_BUFFER, CONTROL_LEN, Counter, MAX_STACK_DEPTH, ProcessEvent, ProcessEventKind, SampleKey,
+    SpilledSample, maps::*,
 };
 
 const EEXIST: i32 = 17;
@@ -35,21 +37,20 @@ static USER_STACKS_0: StackTrace = StackTrace::with_max_entries(DEFAULT_USER_STA
 #[map]
 static USER_STACKS_1: StackTrace = StackTrace::with_max_entries(DEFAULT_USER_STACKS_ENTRIES, 0);
 #[map]
-static KERNEL_STACKS_0: StackTrace =
-    StackTrace::with_max_entries(DEFAULT_KERNEL_STACKS_ENTRIES, 0);
+static KERNEL_STACKS_0: StackTrace = StackTrace::with_max_entries(DEFAULT_KERNEL_STACKS_ENTRIES, 0);
 #[map]
-static KERNEL_STACKS_1: StackTrace =
-    StackTrace::with_max_entries(DEFAULT_KERNEL_STACKS_ENTRIES, 0);
+static KERNEL_STACKS_1: StackTrace = StackTrace::with_max_entries(DEFAULT_KERNEL_STACKS_ENTRIES, 0);
 #[map]
 static CONTROL: Array<u32> = Array::with_max_entries(CONTROL_LEN, 0);
 #[map]
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Counter::COUNT, 0);
 /// tgid -> instance of the process the sampler currently knows by that tgid.
 #[map]
-static PROCESSES: LruHashMap<u32, u32> =
-    LruHashMap::with_max_entries(DEFAULT_PROCESSES_ENTRIES, 0);
+static PROCESSES: LruHashMap<u32, u32> = LruHashMap::with_max_entries(DEFAULT_PROCESSES_ENTRIES, 0);
 #[map]
 static PROCESS_EVENTS: RingBuf = RingBuf::with_byte_size(PROCESS_EVENTS_BYTES, 0);
+#[map]
+static SPILLED_SAMPLES: RingBuf = RingBuf::with_byte_size(SPILLED_SAMPLES_BYTES, 0);
 
 /// Adds one to a per-CPU counter and returns its previous value. No atomics:
 /// the value is per CPU and tracing programs do not nest on one CPU.
@@ -106,7 +107,12 @@ fn record(
         ctx,
         user_stacks,
         BPF_F_USER_STACK as u64,
-        [Counter::NoUserStack, Counter::UserStackCollision, Counter::UserStackMapFull, Counter::UserStackError],
+        [
+            Counter::NoUserStack,
+            Counter::UserStackCollision,
+            Counter::UserStackMapFull,
+            Counter::UserStackError,
+        ],
     );
     key.kernel_stack_id = stack_id(
         ctx,
@@ -119,6 +125,9 @@ fn record(
             Counter::KernelStackError,
         ],
     );
+    if (key.user_stack_id == -EEXIST || key.kernel_stack_id == -EEXIST) && spill(ctx, &key) {
+        return;
+    }
     // The key holds the tid and a thread runs on one CPU at a time, so no other
     // CPU updates this entry concurrently: a plain increment is exact.
     if let Some(count) = counts.get_ptr_mut(&key) {
@@ -126,8 +135,39 @@ fn record(
         return;
     }
     if counts.insert(&key, &1, BPF_NOEXIST as u64).is_err() && bump(Counter::CountsMapFull) == 0 {
-        warn!(ctx, "counts map full: samples are being lost (first loss on this CPU)");
+        warn!(
+            ctx,
+            "counts map full: samples are being lost (first loss on this CPU)"
+        );
     }
+}
+
+/// Copies a sample with both stacks into the spill ring; false if it is full.
+#[inline(always)]
+fn spill(ctx: &PerfEventContext, key: &SampleKey) -> bool {
+    let Some(mut entry) = SPILLED_SAMPLES.reserve::<SpilledSample>(0) else {
+        bump(Counter::SpillLost);
+        return false;
+    };
+    let sample = entry.as_mut_ptr();
+    const STACK_BYTES: u32 = (MAX_STACK_DEPTH * 8) as u32;
+    // SAFETY: `sample` points at the reserved record, which the fields and the
+    // two stack buffers (STACK_BYTES each) lie within.
+    unsafe {
+        (*sample).tgid = key.tgid;
+        (*sample).tid = key.tid;
+        (*sample).instance = key.instance;
+        (*sample).comm = key.comm;
+        (*sample).reserved = 0;
+        let user = core::ptr::addr_of_mut!((*sample).user).cast();
+        (*sample).user_len = bpf_get_stack(ctx.as_ptr(), user, STACK_BYTES, BPF_F_USER_STACK as u64) as i32;
+        let kernel = core::ptr::addr_of_mut!((*sample).kernel).cast();
+        (*sample).kernel_len = bpf_get_stack(ctx.as_ptr(), kernel, STACK_BYTES, 0) as i32;
+    }
+    // No wakeup: the daemon empties the ring at every drain.
+    entry.submit(BPF_RB_NO_WAKEUP as u64);
+    bump(Counter::Spilled);
+    true
 }
 
 /// The stack's id, or the negative errno; each failure kind is counted.

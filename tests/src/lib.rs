@@ -1,1 +1,289 @@
+//! Test harness: runs real workloads under the real profilerd binary and reads
+//! what it wrote. Everything here panics with a message saying what was expected.
 
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::{Mutex, MutexGuard},
+    time::Duration,
+};
+
+/// BPF tests measure CPU shares: they must not run alongside each other.
+pub fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The profilerd binary built by `cargo build --release -p profiler-daemon`
+/// (or $PROFILERD_BIN).
+pub fn profilerd_bin() -> PathBuf {
+    if let Some(path) = std::env::var_os("PROFILERD_BIN") {
+        return PathBuf::from(path);
+    }
+    // target/<profile>/deps/<test binary> -> target/<profile>/profilerd
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let bin = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|dir| dir.join("profilerd"))
+        .expect("a target directory above the test binary");
+    assert!(
+        bin.exists(),
+        "profilerd binary not found at {} — build it first (cargo build --release -p profiler-daemon) or set PROFILERD_BIN",
+        bin.display()
+    );
+    bin
+}
+
+/// A directory for test outputs that are worth keeping (screenshots, profiles).
+pub fn artifacts_dir() -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("artifacts");
+    std::fs::create_dir_all(&dir).expect("creating tests/artifacts");
+    dir
+}
+
+/// A running workload, killed when dropped.
+pub struct Workload {
+    pub child: Child,
+    pub name: String,
+}
+
+impl Workload {
+    pub fn spawn(path: &str, args: &[&str]) -> Self {
+        let child = Command::new(path)
+            .args(args)
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|err| panic!("starting workload {path}: {err}"));
+        Self {
+            child,
+            name: path.rsplit('/').next().unwrap_or(path).to_owned(),
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn wait(mut self) {
+        let status = self.child.wait().expect("waiting for workload");
+        assert!(status.success(), "workload {} failed: {status}", self.name);
+    }
+}
+
+impl Drop for Workload {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One line of folded output.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FoldedLine {
+    pub comm: String,
+    /// Root first.
+    pub frames: Vec<String>,
+    pub count: u64,
+}
+
+impl FoldedLine {
+    pub fn has_frame(&self, name: &str) -> bool {
+        self.frames.iter().any(|frame| frame == name)
+    }
+
+    pub fn has_frame_containing(&self, needle: &str) -> bool {
+        self.frames.iter().any(|frame| frame.contains(needle))
+    }
+}
+
+pub fn parse_folded(text: &str) -> Vec<FoldedLine> {
+    text.lines()
+        .map(|line| {
+            let (stack, count) = line
+                .rsplit_once(' ')
+                .unwrap_or_else(|| panic!("folded line without a count: {line:?}"));
+            let mut parts = stack.split(';');
+            FoldedLine {
+                comm: parts.next().unwrap_or_default().to_owned(),
+                frames: parts.map(str::to_owned).collect(),
+                count: count
+                    .parse()
+                    .unwrap_or_else(|_| panic!("folded line with a bad count: {line:?}")),
+            }
+        })
+        .collect()
+}
+
+/// What `profilerd record` produced.
+pub struct Recording {
+    pub output: String,
+    pub stderr: String,
+    /// The `key=value` pairs of its counters summary line.
+    pub counters: HashMap<String, u64>,
+    /// Peak RSS of the profilerd process, KiB (from wait4).
+    pub max_rss_kib: u64,
+    pub cpu_seconds: f64,
+}
+
+impl Recording {
+    pub fn folded(&self) -> Vec<FoldedLine> {
+        parse_folded(&self.output)
+    }
+
+    pub fn counter(&self, name: &str) -> u64 {
+        *self.counters.get(name).unwrap_or_else(|| {
+            panic!(
+                "counter {name} missing from profilerd's summary:\n{}",
+                self.stderr
+            )
+        })
+    }
+}
+
+/// Starts `profilerd record ARGS -o FILE`; call [`RecordRun::finish`] to wait.
+pub struct RecordRun {
+    child: Child,
+    output: PathBuf,
+}
+
+impl RecordRun {
+    pub fn start(args: &[&str]) -> Self {
+        let output = std::env::temp_dir().join(format!(
+            "profilerd-test-{}-{}.out",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos())
+        ));
+        let child = Command::new(profilerd_bin())
+            .arg("record")
+            .args(args)
+            .arg("--output")
+            .arg(&output)
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting profilerd record");
+        // Let the sampler attach before the workload's interesting part starts.
+        std::thread::sleep(Duration::from_millis(300));
+        Self { child, output }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn finish(self) -> Recording {
+        let pid = self.child.id() as libc_pid;
+        let mut child = self.child;
+        let mut stderr = String::new();
+        if let Some(mut pipe) = child.stderr.take() {
+            use std::io::Read;
+            let _ = pipe.read_to_string(&mut stderr);
+        }
+        let (status, usage) = wait_with_rusage(pid);
+        // The Child was reaped by wait4 above; forget it so drop does not wait again.
+        std::mem::forget(child);
+        assert!(
+            status == 0,
+            "profilerd record failed (wait status {status}); it needs root and a loadable BPF program. stderr:\n{stderr}"
+        );
+        let output = std::fs::read_to_string(&self.output)
+            .unwrap_or_else(|err| panic!("reading {}: {err}\nstderr:\n{stderr}", self.output.display()));
+        let _ = std::fs::remove_file(&self.output);
+        let counters = stderr
+            .lines()
+            .filter(|line| line.contains("bpf counters:"))
+            .flat_map(|line| line.split_whitespace())
+            .filter_map(|pair| pair.split_once('='))
+            .filter_map(|(key, value)| Some((key.to_owned(), value.parse().ok()?)))
+            .collect();
+        Recording {
+            output,
+            stderr,
+            counters,
+            max_rss_kib: usage.0,
+            cpu_seconds: usage.1,
+        }
+    }
+}
+
+#[allow(non_camel_case_types)]
+type libc_pid = i32;
+
+/// wait4(2): exit status plus (peak RSS KiB, user+system CPU seconds).
+fn wait_with_rusage(pid: libc_pid) -> (i32, (u64, f64)) {
+    #[repr(C)]
+    struct Timeval {
+        sec: i64,
+        usec: i64,
+    }
+    #[repr(C)]
+    struct Rusage {
+        utime: Timeval,
+        stime: Timeval,
+        maxrss: i64,
+        rest: [i64; 13],
+    }
+    unsafe extern "C" {
+        fn wait4(pid: i32, status: *mut i32, options: i32, rusage: *mut Rusage) -> i32;
+    }
+    let mut status = 0;
+    let mut usage = Rusage {
+        utime: Timeval { sec: 0, usec: 0 },
+        stime: Timeval { sec: 0, usec: 0 },
+        maxrss: 0,
+        rest: [0; 13],
+    };
+    // SAFETY: valid pointers to initialised structs laid out as the kernel's.
+    let rc = unsafe { wait4(pid, &mut status, 0, &mut usage) };
+    assert!(
+        rc == pid,
+        "wait4({pid}) failed: {}",
+        std::io::Error::last_os_error()
+    );
+    let cpu = usage.utime.sec as f64
+        + usage.utime.usec as f64 / 1e6
+        + usage.stime.sec as f64
+        + usage.stime.usec as f64 / 1e6;
+    (status, (usage.maxrss as u64, cpu))
+}
+
+/// Runs a whole recording: `profilerd record ARGS` while `during` runs.
+pub fn record_while(args: &[&str], during: impl FnOnce(&RecordRun)) -> Recording {
+    let run = RecordRun::start(args);
+    during(&run);
+    run.finish()
+}
+
+/// VmRSS of a process in KiB, if it still runs.
+pub fn rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+/// Sum of counts of the lines that satisfy `keep`.
+pub fn count(lines: &[FoldedLine], keep: impl Fn(&FoldedLine) -> bool) -> u64 {
+    lines
+        .iter()
+        .filter(|line| keep(line))
+        .map(|line| line.count)
+        .sum()
+}
+
+/// Thread id -> thread name of a running process, from /proc.
+pub fn thread_names(pid: u32) -> HashMap<u32, String> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap_or_else(|err| panic!("listing threads of {pid}: {err}"))
+        .filter_map(Result::ok)
+        .filter_map(|entry| {
+            let tid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let name = std::fs::read_to_string(entry.path().join("comm")).ok()?;
+            Some((tid, name.trim_end().to_owned()))
+        })
+        .collect()
+}

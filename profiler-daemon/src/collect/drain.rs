@@ -8,8 +8,8 @@
 
 use std::{collections::HashMap as StdHashMap, time::Duration};
 
-use aya::maps::{Array, HashMap, MapData, MapError, PerCpuArray, StackTraceMap};
-use profiler_common::{CONTROL_ACTIVE_BUFFER, Counter, SampleKey, maps};
+use aya::maps::{Array, HashMap, MapData, MapError, PerCpuArray, RingBuf, StackTraceMap};
+use profiler_common::{CONTROL_ACTIVE_BUFFER, Counter, SPILLED_STACK_ID_BASE, SampleKey, SpilledSample, maps};
 
 use super::CollectError;
 
@@ -63,6 +63,7 @@ pub struct Drainer {
     kernel_stacks: [StackTraceMap<MapData>; 2],
     control: Array<MapData, u32>,
     counters: PerCpuArray<MapData, u64>,
+    spilled: RingBuf<MapData>,
     active: u32,
     stack_ids: Vec<u32>,
 }
@@ -74,6 +75,7 @@ impl Drainer {
         kernel_stacks: [StackTraceMap<MapData>; 2],
         control: Array<MapData, u32>,
         counters: PerCpuArray<MapData, u64>,
+        spilled: RingBuf<MapData>,
     ) -> Self {
         Self {
             counts,
@@ -81,6 +83,7 @@ impl Drainer {
             kernel_stacks,
             control,
             counters,
+            spilled,
             active: 0,
             stack_ids: Vec::new(),
         }
@@ -92,7 +95,10 @@ impl Drainer {
         let new = 1 - self.active;
         self.control
             .set(CONTROL_ACTIVE_BUFFER, &new, 0)
-            .map_err(|source| CollectError::Map { name: maps::CONTROL, source })?;
+            .map_err(|source| CollectError::Map {
+                name: maps::CONTROL,
+                source,
+            })?;
         self.active = new;
         std::thread::sleep(FLIP_GRACE);
 
@@ -116,10 +122,50 @@ impl Drainer {
                 tracing::debug!("deleting from {}: {err}", maps::COUNTS[old]);
             }
         }
-        batch.read_errors += drain_stacks(&mut self.user_stacks[old], &mut self.stack_ids, &mut batch.user_stacks);
-        batch.read_errors +=
-            drain_stacks(&mut self.kernel_stacks[old], &mut self.stack_ids, &mut batch.kernel_stacks);
+        batch.read_errors += drain_stacks(
+            &mut self.user_stacks[old],
+            &mut self.stack_ids,
+            &mut batch.user_stacks,
+        );
+        batch.read_errors += drain_stacks(
+            &mut self.kernel_stacks[old],
+            &mut self.stack_ids,
+            &mut batch.kernel_stacks,
+        );
+        self.drain_spilled(&mut batch);
         Ok(batch)
+    }
+
+    /// Samples the sampler copied whole after a stack-id collision: each gets
+    /// fresh stack ids above the stack maps' range.
+    fn drain_spilled(&mut self, batch: &mut RawBatch) {
+        let mut next_id = SPILLED_STACK_ID_BASE;
+        let mut stack_id = |len: i32, frames: &[u64], stacks: &mut StdHashMap<u32, Box<[u64]>>| -> i32 {
+            let Ok(len) = usize::try_from(len) else {
+                return len;
+            };
+            let id = next_id;
+            next_id += 1;
+            stacks.insert(id, frames[..(len / 8).min(frames.len())].into());
+            id as i32
+        };
+        while let Some(item) = self.spilled.next() {
+            if item.len() < size_of::<SpilledSample>() {
+                batch.read_errors += 1;
+                continue;
+            }
+            // SAFETY: length checked; SpilledSample is plain integers.
+            let spilled = unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<SpilledSample>()) };
+            let key = SampleKey {
+                tgid: spilled.tgid,
+                tid: spilled.tid,
+                instance: spilled.instance,
+                user_stack_id: stack_id(spilled.user_len, &spilled.user, &mut batch.user_stacks),
+                kernel_stack_id: stack_id(spilled.kernel_len, &spilled.kernel, &mut batch.kernel_stacks),
+                comm: spilled.comm,
+            };
+            batch.samples.push(RawSample { key, count: 1 });
+        }
     }
 
     /// The BPF counters now, summed over CPUs.
@@ -129,7 +175,10 @@ impl Drainer {
             let per_cpu = self
                 .counters
                 .get(&(counter as u32), 0)
-                .map_err(|source| CollectError::Map { name: maps::COUNTERS, source })?;
+                .map_err(|source| CollectError::Map {
+                    name: maps::COUNTERS,
+                    source,
+                })?;
             totals.0[counter as usize] = per_cpu.iter().sum();
         }
         Ok(totals)

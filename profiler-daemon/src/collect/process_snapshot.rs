@@ -186,7 +186,12 @@ mod tests {
 
     #[test]
     fn rejects_malformed_lines() {
-        for line in ["", "zzzz-1000 r-xp 0 00:00 0", "1000 r-xp 0 00:00 0", "1000-2000 r-xp"] {
+        for line in [
+            "",
+            "zzzz-1000 r-xp 0 00:00 0",
+            "1000 r-xp 0 00:00 0",
+            "1000-2000 r-xp",
+        ] {
             assert_eq!(parse_maps_line(line), None, "{line:?} should not parse");
         }
     }
@@ -194,7 +199,9 @@ mod tests {
     #[test]
     fn snapshot_of_self_has_this_test_binary() {
         let me = std::process::id();
-        let snapshot = SnapshotReader::default().read(me, 7).expect("reading our own maps");
+        let snapshot = SnapshotReader::default()
+            .read(me, 7)
+            .expect("reading our own maps");
         let exe = std::fs::read_link("/proc/self/exe").expect("our exe");
         assert!(
             snapshot

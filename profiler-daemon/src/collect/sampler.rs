@@ -74,8 +74,12 @@ impl Sampler {
         };
 
         let drainer = take_drainer(&mut ebpf)?;
-        let events = RingBuf::try_from(take_map(&mut ebpf, maps::PROCESS_EVENTS)?)
-            .map_err(|source| CollectError::Map { name: maps::PROCESS_EVENTS, source })?;
+        let events = RingBuf::try_from(take_map(&mut ebpf, maps::PROCESS_EVENTS)?).map_err(|source| {
+            CollectError::Map {
+                name: maps::PROCESS_EVENTS,
+                source,
+            }
+        })?;
 
         // Tracepoints first, so no process is announced before exec/exit are tracked.
         for (name, tracepoint) in [
@@ -83,7 +87,9 @@ impl Sampler {
             (programs::ON_EXIT, "sched_process_exit"),
         ] {
             let program: &mut RawTracePoint = program(&mut ebpf, name)?;
-            program.load().map_err(|source| CollectError::Program { name, source })?;
+            program
+                .load()
+                .map_err(|source| CollectError::Program { name, source })?;
             program
                 .attach(tracepoint)
                 .map_err(|source| CollectError::Program { name, source })?;
@@ -91,9 +97,10 @@ impl Sampler {
 
         let cpus = aya::util::online_cpus().map_err(|(what, err)| CollectError::OnlineCpus(what, err))?;
         let sample: &mut PerfEvent = program(&mut ebpf, programs::SAMPLE)?;
-        sample
-            .load()
-            .map_err(|source| CollectError::Program { name: programs::SAMPLE, source })?;
+        sample.load().map_err(|source| CollectError::Program {
+            name: programs::SAMPLE,
+            source,
+        })?;
         for &cpu in &cpus {
             sample
                 .attach(
@@ -104,7 +111,11 @@ impl Sampler {
                 )
                 .map_err(|source| CollectError::AttachCpu { cpu, source })?;
         }
-        tracing::info!(cpus = cpus.len(), frequency = options.frequency, "sampler attached");
+        tracing::info!(
+            cpus = cpus.len(),
+            frequency = options.frequency,
+            "sampler attached"
+        );
         Ok((
             Self {
                 ebpf,
@@ -173,7 +184,8 @@ fn take_drainer(ebpf: &mut Ebpf) -> Result<Drainer, CollectError> {
     ];
     let control: Array<MapData, u32> = convert(ebpf, maps::CONTROL)?;
     let counters: PerCpuArray<MapData, u64> = convert(ebpf, maps::COUNTERS)?;
-    Ok(Drainer::new(counts, user_stacks, kernel_stacks, control, counters))
+    let spilled: RingBuf<MapData> = convert(ebpf, maps::SPILLED_SAMPLES)?;
+    Ok(Drainer::new(counts, user_stacks, kernel_stacks, control, counters, spilled))
 }
 
 /// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK; lift it so they load.
@@ -184,6 +196,9 @@ fn raise_memlock_limit() {
     };
     // SAFETY: setrlimit reads a valid, initialised struct.
     if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &limit) } != 0 {
-        tracing::debug!("could not raise RLIMIT_MEMLOCK: {}", std::io::Error::last_os_error());
+        tracing::debug!(
+            "could not raise RLIMIT_MEMLOCK: {}",
+            std::io::Error::last_os_error()
+        );
     }
 }

@@ -2,11 +2,13 @@
 //! a process that lives 150 ms is gone long before the next drain.
 
 use std::{
+    collections::VecDeque,
     os::fd::AsRawFd,
     sync::{
         Arc,
         atomic::{AtomicBool, AtomicU64, Ordering},
     },
+    time::{Duration, Instant},
 };
 
 use aya::maps::{MapData, RingBuf};
@@ -19,7 +21,10 @@ use super::{ProcessSnapshot, process_snapshot::SnapshotReader};
 pub enum ProcessNotice {
     Started(ProcessSnapshot),
     /// The instance will get no new samples; drop its data after the next drain.
-    Exited { pid: u32, instance: u32 },
+    Exited {
+        pid: u32,
+        instance: u32,
+    },
 }
 
 /// Counts kept by the watcher (read by metrics).
@@ -30,9 +35,14 @@ pub struct WatcherStats {
     pub snapshot_failures: AtomicU64,
 }
 
+/// A process is first sampled as early as its first tick after exec, possibly
+/// while the dynamic loader is still mapping libraries: read it once more then.
+const SECOND_LOOK: Duration = Duration::from_millis(50);
+
 pub struct ProcessWatcher {
     events: RingBuf<MapData>,
     reader: SnapshotReader,
+    second_looks: VecDeque<(Instant, ProcessSnapshot)>,
     pub stats: Arc<WatcherStats>,
 }
 
@@ -41,6 +51,7 @@ impl ProcessWatcher {
         Self {
             events,
             reader: SnapshotReader::default(),
+            second_looks: VecDeque::new(),
             stats: Arc::default(),
         }
     }
@@ -54,8 +65,11 @@ impl ProcessWatcher {
                 events: libc::POLLIN,
                 revents: 0,
             };
+            let timeout = self.second_looks.front().map_or(200, |(due, _)| {
+                due.saturating_duration_since(Instant::now()).as_millis().min(200) as i32
+            });
             // SAFETY: one valid pollfd; the timeout bounds how late we see `stop`.
-            let ready = unsafe { libc::poll(&mut pollfd, 1, 200) };
+            let ready = unsafe { libc::poll(&mut pollfd, 1, timeout) };
             if ready < 0 {
                 let err = std::io::Error::last_os_error();
                 if err.kind() != std::io::ErrorKind::Interrupted {
@@ -63,6 +77,11 @@ impl ProcessWatcher {
                     return;
                 }
                 continue;
+            }
+            while let Some(notice) = self.due_second_look() {
+                if !send(notice) {
+                    return;
+                }
             }
             loop {
                 let event = {
@@ -89,6 +108,8 @@ impl ProcessWatcher {
             ProcessEventKind::Started => match self.reader.read(event.tgid, event.instance) {
                 Ok(snapshot) => {
                     self.stats.snapshots.fetch_add(1, Ordering::Relaxed);
+                    self.second_looks
+                        .push_back((Instant::now() + SECOND_LOOK, snapshot.clone()));
                     Some(ProcessNotice::Started(snapshot))
                 }
                 Err(err) => {
@@ -102,6 +123,35 @@ impl ProcessWatcher {
                 instance: event.instance,
             }),
         }
+    }
+}
+
+impl ProcessWatcher {
+    /// The next due second look that found new mappings, if any.
+    fn due_second_look(&mut self) -> Option<ProcessNotice> {
+        while self
+            .second_looks
+            .front()
+            .is_some_and(|(due, _)| *due <= Instant::now())
+        {
+            let (_, first) = self.second_looks.pop_front()?;
+            let Ok(second) = self.reader.read(first.pid, first.instance) else {
+                continue;
+            };
+            // Only an extension of the same image counts: after an exec the
+            // pid shows another program, whose samples have another instance.
+            let extends = first.mappings.iter().all(|old| {
+                second
+                    .mappings
+                    .iter()
+                    .any(|new| new.start == old.start && new.path == old.path)
+            });
+            if extends && second.mappings.len() > first.mappings.len() {
+                self.stats.snapshots.fetch_add(1, Ordering::Relaxed);
+                return Some(ProcessNotice::Started(second));
+            }
+        }
+        None
     }
 }
 

@@ -41,7 +41,11 @@ pub fn spawn(mut store: Store) -> StoreHandle {
     tokio::spawn(async move {
         while let Some(request) = rx.recv().await {
             match request {
-                Request::Ingest { second, samples, acks } => {
+                Request::Ingest {
+                    second,
+                    samples,
+                    acks,
+                } => {
                     store.ingest(second, &samples);
                     for ack in acks {
                         let _ = ack.send(());
@@ -73,7 +77,11 @@ impl StoreHandle {
         acks: Vec<oneshot::Sender<()>>,
     ) -> Result<(), StoreClosed> {
         self.tx
-            .blocking_send(Request::Ingest { second, samples, acks })
+            .blocking_send(Request::Ingest {
+                second,
+                samples,
+                acks,
+            })
             .map_err(|_| StoreClosed)
     }
 

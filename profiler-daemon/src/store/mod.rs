@@ -124,7 +124,10 @@ impl Store {
                 continue;
             }
             self.stacks.add_ref(key_stack);
-            let bucket = self.buckets.back_mut().expect("make_room keeps the newest bucket");
+            let bucket = self
+                .buckets
+                .back_mut()
+                .expect("make_room keeps the newest bucket");
             bucket.entries.insert(key, sample.count);
             self.entry_count += 1;
         }
@@ -138,7 +141,11 @@ impl Store {
     /// Drops buckets that fell out of the retention window as of `now`.
     pub fn expire(&mut self, now: u64) {
         let oldest_kept = now.saturating_sub(self.config.retention.as_secs().saturating_sub(1));
-        while self.buckets.front().is_some_and(|bucket| bucket.second < oldest_kept) {
+        while self
+            .buckets
+            .front()
+            .is_some_and(|bucket| bucket.second < oldest_kept)
+        {
             let count = self.pop_oldest();
             self.stats.samples_expired += count;
         }
@@ -150,7 +157,11 @@ impl Store {
         let mut totals: HashMap<&EntryKey, u64> = HashMap::new();
         let mut first = u64::MAX;
         let mut last = 0;
-        for bucket in self.buckets.iter().filter(|bucket| query.window.contains(bucket.second)) {
+        for bucket in self
+            .buckets
+            .iter()
+            .filter(|bucket| query.window.contains(bucket.second))
+        {
             first = first.min(bucket.second);
             last = last.max(bucket.second);
             for (key, count) in &bucket.entries {

@@ -25,7 +25,10 @@ pub struct Window {
 }
 
 impl Window {
-    pub const ALL: Window = Window { start: 0, end: u64::MAX };
+    pub const ALL: Window = Window {
+        start: 0,
+        end: u64::MAX,
+    };
 
     /// The last `seconds` seconds up to and including second `now`.
     pub fn last(seconds: u64, now: u64) -> Self {
@@ -45,4 +48,3 @@ pub struct Query {
     pub window: Window,
     pub filter: Filter,
 }
-

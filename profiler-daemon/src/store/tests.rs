@@ -54,7 +54,12 @@ fn all(filter: Filter) -> Query {
 }
 
 fn count_of(profile: &Profile, pid: u32) -> u64 {
-    profile.samples.iter().filter(|s| s.pid == pid).map(|s| s.count).sum()
+    profile
+        .samples
+        .iter()
+        .filter(|s| s.pid == pid)
+        .map(|s| s.count)
+        .sum()
 }
 
 #[test]
@@ -66,7 +71,12 @@ fn aggregates_equal_keys_across_buckets_and_within_a_batch() {
     store.ingest(100, &[sample(1, 1, "w", &a, 3), sample(1, 1, "w", &a_again, 2)]);
     store.ingest(101, &[sample(1, 1, "w", &a, 5)]);
     let profile = store.query(&all(Filter::default()));
-    assert_eq!(profile.samples.len(), 1, "one key expected, got {:?}", profile.samples);
+    assert_eq!(
+        profile.samples.len(),
+        1,
+        "one key expected, got {:?}",
+        profile.samples
+    );
     assert_eq!(profile.samples[0].count, 10);
     assert_eq!(store.stats().stacks, 1, "stack content must be interned once");
 }
@@ -110,7 +120,11 @@ fn filters_or_within_and_across() {
         tids: vec![12, 21],
         comms: vec!["beta".into()],
     };
-    assert_eq!(store.query(&all(and)).total_samples(), 4, "pid∈{{1,2}} ∧ tid∈{{12,21}} ∧ comm=beta");
+    assert_eq!(
+        store.query(&all(and)).total_samples(),
+        4,
+        "pid∈{{1,2}} ∧ tid∈{{12,21}} ∧ comm=beta"
+    );
     assert_eq!(store.query(&all(pids(vec![99]))).total_samples(), 0);
 }
 
@@ -138,7 +152,11 @@ fn memory_bound_evicts_oldest_and_never_exceeds() {
             .map(|tid| sample(1, tid, "w", &stack(&["f", &format!("g{}", second % 7)]), 1))
             .collect();
         store.ingest(second, &samples);
-        assert!(store.stats().bytes <= max, "{} bytes over the {max} bound at second {second}", store.stats().bytes);
+        assert!(
+            store.stats().bytes <= max,
+            "{} bytes over the {max} bound at second {second}",
+            store.stats().bytes
+        );
     }
     let stats = store.stats();
     assert!(stats.samples_evicted > 0, "the bound must have evicted something");
@@ -147,7 +165,13 @@ fn memory_bound_evicts_oldest_and_never_exceeds() {
         stats.samples_evicted + store.query(&all(Filter::default())).total_samples(),
         "every sample is either kept or counted as evicted"
     );
-    assert!(store.query(&all(Filter::default())).samples.iter().all(|s| s.count == 1));
+    assert!(
+        store
+            .query(&all(Filter::default()))
+            .samples
+            .iter()
+            .all(|s| s.count == 1)
+    );
 }
 
 #[test]

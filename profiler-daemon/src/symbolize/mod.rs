@@ -71,27 +71,25 @@ impl Symbolizer {
     /// Symbolizes one drained batch. Samples without a stack keep an empty one.
     pub fn symbolize(&mut self, batch: &RawBatch) -> Vec<SymbolizedSample> {
         // Pass 1: find every address not yet cached and resolve them a file at a time.
+        let mut stale = Vec::new();
         for sample in &batch.samples {
-            let key = sample.key;
-            if let Some(stack) = stack_of(&batch.kernel_stacks, key.kernel_stack_id) {
-                for (index, &ip) in stack.iter().enumerate() {
-                    self.resolver.want_kernel(return_adjusted(ip, index > 0));
-                }
+            if !self.want_stack(sample.key, batch) {
+                stale.push((sample.key.tgid, sample.key.instance));
             }
-            let Some(stack) = stack_of(&batch.user_stacks, key.user_stack_id) else {
-                continue;
-            };
-            let after_kernel = key.kernel_stack_id >= 0;
-            let Some(process) = self.processes.get_or_load(key.tgid, key.instance, &mut self.resolver) else {
-                continue;
-            };
-            for (index, &ip) in stack.iter().enumerate() {
-                let address = return_adjusted(ip, index > 0 || after_kernel);
-                if let Some(mapping) = process.mapping_of(address)
-                    && let Some(file) = &mapping.file
+        }
+        // Addresses outside every known mapping: the snapshot predates a later
+        // mmap (dlopen, or a first sample inside the dynamic loader). Re-read
+        // the mappings of processes that still run, once per batch.
+        stale.sort_unstable();
+        stale.dedup();
+        for (pid, instance) in stale {
+            if self.processes.refresh(pid, instance, &mut self.resolver) {
+                for sample in batch
+                    .samples
+                    .iter()
+                    .filter(|s| (s.key.tgid, s.key.instance) == (pid, instance))
                 {
-                    self.resolver
-                        .want_user(&file.access_path, address - mapping.start + mapping.offset);
+                    self.want_stack(sample.key, batch);
                 }
             }
         }
@@ -103,7 +101,9 @@ impl Symbolizer {
         for sample in &batch.samples {
             let key = sample.key;
             let thread_name = self.name(&key.comm);
-            let process = self.processes.get_or_load(key.tgid, key.instance, &mut self.resolver);
+            let process = self
+                .processes
+                .get_or_load(key.tgid, key.instance, &mut self.resolver);
             let comm = match process {
                 Some(process) if !process.comm.is_empty() => process.comm.clone(),
                 _ => thread_name.clone(),
@@ -135,6 +135,40 @@ impl Symbolizer {
         out
     }
 
+    /// Queues the sample's addresses for resolution; false if a user address
+    /// fell outside every known mapping of its process.
+    fn want_stack(&mut self, key: profiler_common::SampleKey, batch: &RawBatch) -> bool {
+        if let Some(stack) = stack_of(&batch.kernel_stacks, key.kernel_stack_id) {
+            for (index, &ip) in stack.iter().enumerate() {
+                self.resolver.want_kernel(return_adjusted(ip, index > 0));
+            }
+        }
+        let Some(stack) = stack_of(&batch.user_stacks, key.user_stack_id) else {
+            return true;
+        };
+        let after_kernel = key.kernel_stack_id >= 0;
+        let Some(process) = self
+            .processes
+            .get_or_load(key.tgid, key.instance, &mut self.resolver)
+        else {
+            return true;
+        };
+        let mut all_mapped = true;
+        for (index, &ip) in stack.iter().enumerate() {
+            let address = return_adjusted(ip, index > 0 || after_kernel);
+            match process.mapping_of(address) {
+                Some(mapping) => {
+                    if let Some(file) = &mapping.file {
+                        self.resolver
+                            .want_user(&file.access_path, address - mapping.start + mapping.offset);
+                    }
+                }
+                None => all_mapped = false,
+            }
+        }
+        all_mapped
+    }
+
     fn name(&mut self, comm: &[u8; profiler_common::COMM_LEN]) -> Arc<str> {
         self.names
             .entry(*comm)
@@ -147,13 +181,20 @@ impl Symbolizer {
 }
 
 fn stack_of(stacks: &HashMap<u32, Box<[u64]>>, id: i32) -> Option<&[u64]> {
-    u32::try_from(id).ok().and_then(|id| stacks.get(&id)).map(|stack| &**stack)
+    u32::try_from(id)
+        .ok()
+        .and_then(|id| stacks.get(&id))
+        .map(|stack| &**stack)
 }
 
 /// Non-leaf frames hold return addresses, which may already belong to the
 /// next function; the call instruction is at address - 1.
 fn return_adjusted(ip: u64, is_return_address: bool) -> u64 {
-    if is_return_address { ip.saturating_sub(1) } else { ip }
+    if is_return_address {
+        ip.saturating_sub(1)
+    } else {
+        ip
+    }
 }
 
 fn build_stack(
@@ -166,9 +207,13 @@ fn build_stack(
     let mut locations = Vec::with_capacity(kernel.map_or(0, <[u64]>::len) + user.map_or(0, <[u64]>::len));
     for (index, &ip) in kernel.unwrap_or_default().iter().enumerate() {
         let lines = resolver.kernel(return_adjusted(ip, index > 0));
-        locations.push(location(FrameKind::Kernel, ip, Some(kernel_mapping.clone()), lines, || {
-            format!("[unknown] [kernel.kallsyms]+{ip:#x}")
-        }));
+        locations.push(location(
+            FrameKind::Kernel,
+            ip,
+            Some(kernel_mapping.clone()),
+            lines,
+            || format!("[unknown] [kernel.kallsyms]+{ip:#x}"),
+        ));
     }
     let after_kernel = kernel.is_some();
     for (index, &ip) in user.unwrap_or_default().iter().enumerate() {
@@ -187,7 +232,10 @@ fn build_stack(
                 Some(mapping) => {
                     let module = mapping.mapping.path.rsplit('/').next().unwrap_or_default();
                     let module = if module.is_empty() { "[anon]" } else { module };
-                    format!("[unknown] {module}+{:#x}", address - mapping.start + mapping.offset)
+                    format!(
+                        "[unknown] {module}+{:#x}",
+                        address - mapping.start + mapping.offset
+                    )
                 }
                 None => format!("[unknown] {ip:#x}"),
             },

@@ -41,12 +41,15 @@ pub struct ProcessStats {
     pub late_snapshots: u64,
     /// Processes with samples but no readable mappings.
     pub missing_snapshots: u64,
+    /// Mappings re-read because a sampled address was outside all of them.
+    pub refreshes: u64,
 }
 
 #[derive(Default)]
 pub struct ProcessTable {
     entries: HashMap<(u32, u32), ProcessEntry>,
     exited: Vec<(u32, u32)>,
+    refreshed: Vec<(u32, u32)>,
     reader: SnapshotReader,
     batch: u64,
     pub stats: ProcessStats,
@@ -88,11 +91,31 @@ impl ProcessTable {
         Some(entry)
     }
 
+    /// Re-reads an instance's mappings if its process still runs; true if it did.
+    /// Done at most once per instance per batch.
+    pub fn refresh(&mut self, pid: u32, instance: u32, resolver: &mut Resolver) -> bool {
+        let key = (pid, instance);
+        if self.refreshed.contains(&key) {
+            return false;
+        }
+        self.refreshed.push(key);
+        match self.reader.read(pid, instance) {
+            Ok(snapshot) => {
+                self.stats.refreshes += 1;
+                let entry = entry_from(snapshot, resolver, self.batch);
+                self.entries.insert(key, entry);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
     /// Called after each batch: drops instances that exited before it, and
     /// now and then those whose process is gone without an exit notice.
     /// Returns files no longer mapped by anyone (their caches can go).
     pub fn end_batch(&mut self) -> Vec<Arc<MappedFile>> {
         self.batch += 1;
+        self.refreshed.clear();
         let mut released = Vec::new();
         let mut drop_entry = |entry: ProcessEntry| {
             released.extend(entry.mappings.into_iter().filter_map(|mapping| mapping.file));
@@ -130,7 +153,10 @@ fn entry_from(snapshot: ProcessSnapshot, resolver: &mut Resolver, batch: u64) ->
         .mappings
         .into_iter()
         .map(|mapping| {
-            let build_id = mapping.file.as_ref().and_then(|file| resolver.build_id(&file.access_path));
+            let build_id = mapping
+                .file
+                .as_ref()
+                .and_then(|file| resolver.build_id(&file.access_path));
             UserMapping {
                 start: mapping.start,
                 end: mapping.end,

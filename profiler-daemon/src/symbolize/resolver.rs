@@ -66,12 +66,19 @@ impl Default for Resolver {
 impl Resolver {
     /// Notes that `file_offset` in `file` will be needed by [`Self::user`].
     pub fn want_user(&mut self, file: &Path, file_offset: u64) {
-        if self.user.get(file).is_some_and(|cache| cache.contains_key(&file_offset)) {
+        if self
+            .user
+            .get(file)
+            .is_some_and(|cache| cache.contains_key(&file_offset))
+        {
             self.stats.cache_hits += 1;
             return;
         }
         self.stats.cache_misses += 1;
-        self.pending_user.entry(file.to_path_buf()).or_default().push(file_offset);
+        self.pending_user
+            .entry(file.to_path_buf())
+            .or_default()
+            .push(file_offset);
     }
 
     pub fn want_kernel(&mut self, address: u64) {
@@ -131,10 +138,13 @@ impl Resolver {
         if let Some(id) = self.build_ids.get(file) {
             return id.clone();
         }
-        let id = blazesym::helper::read_elf_build_id(file).ok().flatten().map(|bytes| {
-            let hex: String = bytes.iter().map(|byte| format!("{byte:02x}")).collect();
-            Arc::from(hex)
-        });
+        let id = blazesym::helper::read_elf_build_id(file)
+            .ok()
+            .flatten()
+            .map(|bytes| {
+                let hex: String = bytes.iter().map(|byte| format!("{byte:02x}")).collect();
+                Arc::from(hex)
+            });
         self.build_ids.insert(file.to_path_buf(), id.clone());
         id
     }
@@ -208,7 +218,11 @@ fn lines_of(functions: &mut HashMap<Arc<Function>, ()>, sym: &blazesym::symboliz
         .collect()
 }
 
-fn intern(functions: &mut HashMap<Arc<Function>, ()>, system_name: &str, filename: Option<Arc<str>>) -> Arc<Function> {
+fn intern(
+    functions: &mut HashMap<Arc<Function>, ()>,
+    system_name: &str,
+    filename: Option<Arc<str>>,
+) -> Arc<Function> {
     let function = Function {
         name: demangle(system_name).into(),
         system_name: system_name.into(),
