@@ -7,7 +7,7 @@
 //! counts, so the optimisation level does not change them.
 use anyhow::{Context as _, bail};
 
-const WORKLOADS: &[&str] = &["split", "threads", "zero_reader", "short_lived"];
+const WORKLOADS: &[&str] = &["split", "threads", "zero_reader", "short_lived", "cpu_shares"];
 
 fn main() -> anyhow::Result<()> {
     let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);

@@ -50,6 +50,17 @@ pub struct ProcessEvent {
     pub reserved: u32,
 }
 
+/// Value of the counts maps.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SampleValue {
+    /// Number of samples.
+    pub count: u64,
+    /// CPU time the thread consumed since its previous sample, summed over
+    /// these samples (nanoseconds).
+    pub cpu_ns: u64,
+}
+
 /// A sample whose stacks could not get an id (another stack held the hash
 /// bucket): rather than lose its stacks, the sampler copies them whole into
 /// the SPILLED_SAMPLES ring buffer, which the daemon empties at every drain.
@@ -65,6 +76,8 @@ pub struct SpilledSample {
     pub kernel_len: i32,
     pub comm: [u8; COMM_LEN],
     pub reserved: u32,
+    /// As [`SampleValue::cpu_ns`].
+    pub cpu_ns: u64,
     pub user: [u64; MAX_STACK_DEPTH],
     pub kernel: [u64; MAX_STACK_DEPTH],
 }
@@ -129,10 +142,15 @@ pub enum Counter {
     Spilled,
     /// The spill ring was full: the sample was counted without its stacks.
     SpillLost,
+    /// The thread-time map refused an entry: that thread's next sample
+    /// carries an estimate instead of its measured CPU time.
+    ThreadMapFull,
+    /// The task's CPU time could not be read (unknown offset or read error).
+    TaskReadError,
 }
 
 impl Counter {
-    pub const COUNT: u32 = 15;
+    pub const COUNT: u32 = 17;
 
     pub const ALL: [Counter; Self::COUNT as usize] = [
         Counter::Samples,
@@ -150,6 +168,8 @@ impl Counter {
         Counter::ProcessEventsLost,
         Counter::Spilled,
         Counter::SpillLost,
+        Counter::ThreadMapFull,
+        Counter::TaskReadError,
     ];
 
     /// Stable snake_case name used in logs and metrics.
@@ -170,6 +190,8 @@ impl Counter {
             Counter::ProcessEventsLost => "process_events_lost",
             Counter::Spilled => "spilled",
             Counter::SpillLost => "spill_lost",
+            Counter::ThreadMapFull => "thread_map_full",
+            Counter::TaskReadError => "task_read_error",
         }
     }
 
@@ -200,15 +222,29 @@ pub mod maps {
     pub const PROCESSES: &str = "PROCESSES";
     pub const PROCESS_EVENTS: &str = "PROCESS_EVENTS";
     pub const SPILLED_SAMPLES: &str = "SPILLED_SAMPLES";
+    pub const THREAD_TIMES: &str = "THREAD_TIMES";
 
     /// Default capacities; the daemon may override them at load time.
     pub const DEFAULT_COUNTS_ENTRIES: u32 = 16384;
     pub const DEFAULT_USER_STACKS_ENTRIES: u32 = 16384;
     pub const DEFAULT_KERNEL_STACKS_ENTRIES: u32 = 8192;
     pub const DEFAULT_PROCESSES_ENTRIES: u32 = 32768;
+    pub const DEFAULT_THREADS_ENTRIES: u32 = 65536;
     pub const PROCESS_EVENTS_BYTES: u32 = 256 * 1024;
     /// About 250 spilled samples per drain.
     pub const SPILLED_SAMPLES_BYTES: u32 = 512 * 1024;
+}
+
+/// Load-time settings of the BPF program (globals the daemon overrides).
+pub mod globals {
+    /// Byte offset of `task_struct.se.sum_exec_runtime` (0: unknown, no CPU time).
+    pub const TASK_RUNTIME_OFFSET: &str = "TASK_RUNTIME_OFFSET";
+    /// Byte offset of `task_struct.start_time` (0: unknown).
+    pub const TASK_START_OFFSET: &str = "TASK_START_OFFSET";
+    /// CLOCK_MONOTONIC ns when the sampler was attached.
+    pub const ATTACH_NS: &str = "ATTACH_NS";
+    /// Sampling period in ns: the CPU-time estimate for a thread's first sample.
+    pub const PERIOD_NS: &str = "PERIOD_NS";
 }
 
 /// Program names as the daemon looks them up.
@@ -222,7 +258,9 @@ pub mod programs {
 const _: () = assert!(core::mem::size_of::<SampleKey>() == 5 * 4 + COMM_LEN);
 const _: () = assert!(core::mem::align_of::<SampleKey>() == 4);
 const _: () = assert!(core::mem::size_of::<ProcessEvent>() == 8 + 4 * 4);
-const _: () = assert!(core::mem::size_of::<SpilledSample>() == 5 * 4 + COMM_LEN + 4 + 2 * 8 * MAX_STACK_DEPTH);
+const _: () =
+    assert!(core::mem::size_of::<SpilledSample>() == 5 * 4 + COMM_LEN + 4 + 8 + 2 * 8 * MAX_STACK_DEPTH);
+const _: () = assert!(core::mem::size_of::<SampleValue>() == 16);
 const _: () = assert!(core::mem::align_of::<SpilledSample>() == 8);
 const _: () = assert!(Counter::ALL.len() == Counter::COUNT as usize);
 
@@ -234,4 +272,6 @@ mod pod {
     unsafe impl aya::Pod for super::ProcessEvent {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::SpilledSample {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::SampleValue {}
 }

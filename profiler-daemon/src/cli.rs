@@ -12,7 +12,11 @@ use crate::{
 };
 
 #[derive(Debug, Parser)]
-#[command(name = "profilerd", version, about = "System-wide continuous CPU profiler (eBPF), serving pprof")]
+#[command(
+    name = "profilerd",
+    version,
+    about = "System-wide continuous CPU profiler (eBPF), serving pprof"
+)]
 #[command(args_conflicts_with_subcommands = true)]
 pub struct Cli {
     #[command(subcommand)]
@@ -66,6 +70,8 @@ pub struct DaemonArgs {
 pub enum Format {
     /// `comm;root;...;leaf COUNT` lines (flamegraph.pl, inferno, speedscope).
     Folded,
+    /// Gzipped pprof protobuf (go tool pprof, Parca, Pyroscope, speedscope).
+    Pprof,
 }
 
 #[derive(Debug, Clone, Args)]

@@ -1,24 +1,71 @@
-//! `profilerd` without a subcommand: sample continuously until stopped.
+//! `profilerd` without a subcommand: sample continuously and serve pprof
+//! over HTTP until stopped.
 
-use std::time::Duration;
+use std::{net::SocketAddr, sync::Arc, time::Duration};
+
+use tokio::net::TcpListener;
 
 use crate::{
     cli::DaemonArgs,
     pipeline::{Pipeline, PipelineError},
+    serve::{self, ServeState},
     store::StoreConfig,
 };
 
-pub async fn run(args: DaemonArgs) -> Result<(), PipelineError> {
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error("cannot listen on {address}")]
+    Bind {
+        address: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Pipeline(#[from] PipelineError),
+    #[error("the HTTP server failed")]
+    Serve(#[source] std::io::Error),
+}
+
+pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
+    // Bind before loading BPF: a taken port fails fast and says so.
+    let listener = TcpListener::bind(args.listen)
+        .await
+        .map_err(|source| DaemonError::Bind {
+            address: args.listen,
+            source,
+        })?;
+    let address = listener.local_addr().unwrap_or(args.listen);
+    let retention = Duration::from_secs(args.retention_seconds);
     let store = StoreConfig {
-        retention: Duration::from_secs(args.retention_seconds),
+        retention,
         max_bytes: (args.store_max_mb as usize) << 20,
     };
-    let pipeline = Pipeline::start(args.sampling.pipeline_options(store))?;
-    tracing::info!(listen = %args.listen, "profilerd running");
-    wait_for_shutdown_signal().await;
+    let pipeline = Arc::new(Pipeline::start(args.sampling.pipeline_options(store))?);
+    tracing::info!(listen = %address, "profilerd running: http://{address}/pprof?seconds=10");
+    let served = serve::serve(
+        listener,
+        ServeState::new(pipeline.clone(), retention),
+        wait_for_shutdown_signal(),
+    )
+    .await;
     tracing::info!("stopping");
-    pipeline.shutdown().await;
-    Ok(())
+    shutdown(pipeline).await;
+    served.map_err(DaemonError::Serve)
+}
+
+/// Shuts the pipeline down once the server has released its handles (the
+/// server returns only after its last connection closed, so that is at once).
+async fn shutdown(mut pipeline: Arc<Pipeline>) {
+    for _ in 0..100 {
+        match Arc::try_unwrap(pipeline) {
+            Ok(pipeline) => return pipeline.shutdown().await,
+            Err(shared) => pipeline = shared,
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Dropping the last handle still stops the threads and detaches the
+    // programs; it only does not wait for them.
+    tracing::warn!("the pipeline is still in use; exiting without waiting for it");
 }
 
 /// Resolves on SIGINT or SIGTERM.

@@ -8,8 +8,8 @@
 //! 2. [`symbolize`]: addresses become functions ([`symbolize::SymbolizedStack`]).
 //! 3. [`store`]: a bounded store of one-second buckets answers queries with a
 //!    [`profile::Profile`].
-//! 4. Output: [`profile`] formats (folded stacks), written by [`record`] or
-//!    served by the [`daemon`].
+//! 4. Output: [`profile`] formats (folded stacks, pprof), written by
+//!    [`record`] or served over HTTP by [`serve`] in the [`daemon`].
 //!
 //! [`pipeline`] wires the stages together.
 
@@ -19,12 +19,15 @@ pub mod daemon;
 pub mod pipeline;
 pub mod profile;
 pub mod record;
+pub mod serve;
 pub mod store;
 pub mod symbolize;
 
-/// Seconds since the Unix epoch (0 if the clock is before it).
-pub fn unix_now() -> u64 {
+/// Milliseconds since the Unix epoch (0 if the clock is before it).
+pub fn unix_now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |elapsed| elapsed.as_secs())
+        .map_or(0, |elapsed| {
+            u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX)
+        })
 }

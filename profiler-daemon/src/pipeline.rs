@@ -55,17 +55,18 @@ pub enum PipelineError {
 }
 
 enum DrainCommand {
-    Now(oneshot::Sender<()>),
+    Now(oneshot::Sender<u64>),
     Stop,
 }
 
 enum SymbolizeInput {
     Notice(ProcessNotice),
     Batch {
-        batch: RawBatch,
-        second: u64,
+        // Boxed: a batch is large and notices are frequent.
+        batch: Box<RawBatch>,
+        time_ms: u64,
         drain_time: Duration,
-        acks: Vec<oneshot::Sender<()>>,
+        acks: Vec<oneshot::Sender<u64>>,
     },
 }
 
@@ -138,8 +139,9 @@ impl Pipeline {
         })
     }
 
-    /// Drains the sampler now; returns once the drained samples are queryable.
-    pub async fn drain_now(&self) -> Result<(), PipelineError> {
+    /// Drains the sampler now; returns, once the drained samples are
+    /// queryable, the drain's time (Unix ms) — see [`crate::store::Window::between_drains`].
+    pub async fn drain_now(&self) -> Result<u64, PipelineError> {
         let (ack, done) = oneshot::channel();
         self.drain_tx
             .send(DrainCommand::Now(ack))
@@ -213,8 +215,8 @@ fn drain_loop(
         match drainer.drain() {
             Ok(batch) => {
                 let input = SymbolizeInput::Batch {
-                    batch,
-                    second: crate::unix_now(),
+                    batch: Box::new(batch),
+                    time_ms: crate::unix_now_ms(),
                     drain_time: started.elapsed(),
                     acks,
                 };
@@ -244,7 +246,7 @@ fn symbolize_loop(
             SymbolizeInput::Notice(notice) => symbolizer.notice(notice),
             SymbolizeInput::Batch {
                 batch,
-                second,
+                time_ms,
                 drain_time,
                 acks,
             } => {
@@ -259,7 +261,7 @@ fn symbolize_loop(
                     status.last_symbolize = symbolize_time;
                     status.map_read_errors += batch.read_errors;
                 });
-                if store.blocking_ingest(second, samples, acks).is_err() {
+                if store.blocking_ingest(time_ms, samples, acks).is_err() {
                     return;
                 }
             }

@@ -7,7 +7,7 @@ use profiler_common::Counter;
 use crate::{
     cli::{Format, RecordArgs},
     pipeline::{Pipeline, PipelineError, PipelineStatus},
-    profile::{Profile, folded},
+    profile::{Profile, folded, pprof},
     store::{Filter, Query, StoreConfig, Window},
 };
 
@@ -28,7 +28,11 @@ pub enum RecordError {
 }
 
 pub async fn run(args: RecordArgs) -> Result<(), RecordError> {
-    if let Some(&pid) = args.pids.iter().find(|pid| !Path::new(&format!("/proc/{pid}")).exists()) {
+    if let Some(&pid) = args
+        .pids
+        .iter()
+        .find(|pid| !Path::new(&format!("/proc/{pid}")).exists())
+    {
         return Err(RecordError::NoSuchProcess(pid));
     }
     let store = StoreConfig {
@@ -36,16 +40,21 @@ pub async fn run(args: RecordArgs) -> Result<(), RecordError> {
         retention: Duration::from_secs(args.seconds + 60),
         ..StoreConfig::default()
     };
+    let started_ms = crate::unix_now_ms();
     let pipeline = Pipeline::start(args.sampling.pipeline_options(store))?;
     let interrupted = tokio::select! {
         () = tokio::time::sleep(Duration::from_secs(args.seconds)) => false,
         _ = tokio::signal::ctrl_c() => true,
     };
-    pipeline.drain_now().await?;
+    let until_ms = pipeline.drain_now().await?;
     let profile = pipeline
         .store()
         .query(Query {
-            window: Window::ALL,
+            // The recording's own span: it is the profile's time and duration.
+            window: Window {
+                start_ms: started_ms,
+                end_ms: until_ms.saturating_add(1),
+            },
             filter: Filter {
                 pids: args.pids.clone(),
                 ..Filter::default()
@@ -77,6 +86,7 @@ fn write_output(path: &Path, format: Format, profile: &Profile) -> Result<(), Re
         let mut out = std::io::BufWriter::new(out);
         match format {
             Format::Folded => folded::write(profile, &mut out)?,
+            Format::Pprof => out.write_all(&pprof::encode_gzip(profile)?)?,
         }
         out.flush()
     };

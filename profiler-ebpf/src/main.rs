@@ -9,10 +9,11 @@
 #![no_main]
 
 use aya_ebpf::{
-    EbpfContext,
+    EbpfContext, Global,
     bindings::{BPF_F_USER_STACK, BPF_NOEXIST, BPF_RB_NO_WAKEUP},
     helpers::{
-        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_get_stack, bpf_ktime_get_ns,
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task, bpf_get_prandom_u32,
+        bpf_get_stack, bpf_ktime_get_ns, bpf_probe_read_kernel,
     },
     macros::{map, perf_event, raw_tracepoint},
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf, StackTrace},
@@ -20,8 +21,8 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::warn;
 use profiler_common::{
-    COMM_LEN, CONTROL_ACTIVE_BUFFER, CONTROL_LEN, Counter, MAX_STACK_DEPTH, ProcessEvent, ProcessEventKind, SampleKey,
-    SpilledSample, maps::*,
+    COMM_LEN, CONTROL_ACTIVE_BUFFER, CONTROL_LEN, Counter, MAX_STACK_DEPTH, ProcessEvent, ProcessEventKind,
+    SampleKey, SampleValue, SpilledSample, maps::*,
 };
 
 const EEXIST: i32 = 17;
@@ -29,9 +30,9 @@ const EFAULT: i32 = 14;
 const ENOMEM: i32 = 12;
 
 #[map]
-static COUNTS_0: HashMap<SampleKey, u64> = HashMap::with_max_entries(DEFAULT_COUNTS_ENTRIES, 0);
+static COUNTS_0: HashMap<SampleKey, SampleValue> = HashMap::with_max_entries(DEFAULT_COUNTS_ENTRIES, 0);
 #[map]
-static COUNTS_1: HashMap<SampleKey, u64> = HashMap::with_max_entries(DEFAULT_COUNTS_ENTRIES, 0);
+static COUNTS_1: HashMap<SampleKey, SampleValue> = HashMap::with_max_entries(DEFAULT_COUNTS_ENTRIES, 0);
 #[map]
 static USER_STACKS_0: StackTrace = StackTrace::with_max_entries(DEFAULT_USER_STACKS_ENTRIES, 0);
 #[map]
@@ -49,6 +50,18 @@ static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Counter::COUNT
 static PROCESSES: LruHashMap<u32, u32> = LruHashMap::with_max_entries(DEFAULT_PROCESSES_ENTRIES, 0);
 #[map]
 static PROCESS_EVENTS: RingBuf = RingBuf::with_byte_size(PROCESS_EVENTS_BYTES, 0);
+/// tid -> the thread's CPU time (ns) as of its previous sample.
+#[map]
+static THREAD_TIMES: LruHashMap<u32, u64> = LruHashMap::with_max_entries(DEFAULT_THREADS_ENTRIES, 0);
+
+#[unsafe(no_mangle)]
+static TASK_RUNTIME_OFFSET: Global<u64> = Global::new(0);
+#[unsafe(no_mangle)]
+static TASK_START_OFFSET: Global<u64> = Global::new(0);
+#[unsafe(no_mangle)]
+static ATTACH_NS: Global<u64> = Global::new(0);
+#[unsafe(no_mangle)]
+static PERIOD_NS: Global<u64> = Global::new(10_101_010);
 #[map]
 static SPILLED_SAMPLES: RingBuf = RingBuf::with_byte_size(SPILLED_SAMPLES_BYTES, 0);
 
@@ -86,11 +99,12 @@ pub fn sample(ctx: PerfEventContext) -> u32 {
         kernel_stack_id: 0,
         comm: bpf_get_current_comm().unwrap_or([0; COMM_LEN]),
     };
+    let cpu_ns = thread_cpu_since_last_sample(tid);
     // Two monomorphic copies rather than one with a map pointer chosen at run
     // time: the verifier can then inline the map lookups.
     match CONTROL.get(CONTROL_ACTIVE_BUFFER) {
-        Some(1) => record(&ctx, key, &COUNTS_1, &USER_STACKS_1, &KERNEL_STACKS_1),
-        _ => record(&ctx, key, &COUNTS_0, &USER_STACKS_0, &KERNEL_STACKS_0),
+        Some(1) => record(&ctx, key, cpu_ns, &COUNTS_1, &USER_STACKS_1, &KERNEL_STACKS_1),
+        _ => record(&ctx, key, cpu_ns, &COUNTS_0, &USER_STACKS_0, &KERNEL_STACKS_0),
     }
     0
 }
@@ -99,7 +113,8 @@ pub fn sample(ctx: PerfEventContext) -> u32 {
 fn record(
     ctx: &PerfEventContext,
     mut key: SampleKey,
-    counts: &HashMap<SampleKey, u64>,
+    cpu_ns: u64,
+    counts: &HashMap<SampleKey, SampleValue>,
     user_stacks: &StackTrace,
     kernel_stacks: &StackTrace,
 ) {
@@ -125,16 +140,20 @@ fn record(
             Counter::KernelStackError,
         ],
     );
-    if (key.user_stack_id == -EEXIST || key.kernel_stack_id == -EEXIST) && spill(ctx, &key) {
+    if (key.user_stack_id == -EEXIST || key.kernel_stack_id == -EEXIST) && spill(ctx, &key, cpu_ns) {
         return;
     }
     // The key holds the tid and a thread runs on one CPU at a time, so no other
-    // CPU updates this entry concurrently: a plain increment is exact.
-    if let Some(count) = counts.get_ptr_mut(&key) {
-        unsafe { *count += 1 };
+    // CPU updates this entry concurrently: plain additions are exact.
+    if let Some(value) = counts.get_ptr_mut(&key) {
+        unsafe {
+            (*value).count += 1;
+            (*value).cpu_ns += cpu_ns;
+        }
         return;
     }
-    if counts.insert(&key, &1, BPF_NOEXIST as u64).is_err() && bump(Counter::CountsMapFull) == 0 {
+    let value = SampleValue { count: 1, cpu_ns };
+    if counts.insert(&key, &value, BPF_NOEXIST as u64).is_err() && bump(Counter::CountsMapFull) == 0 {
         warn!(
             ctx,
             "counts map full: samples are being lost (first loss on this CPU)"
@@ -144,7 +163,7 @@ fn record(
 
 /// Copies a sample with both stacks into the spill ring; false if it is full.
 #[inline(always)]
-fn spill(ctx: &PerfEventContext, key: &SampleKey) -> bool {
+fn spill(ctx: &PerfEventContext, key: &SampleKey, cpu_ns: u64) -> bool {
     let Some(mut entry) = SPILLED_SAMPLES.reserve::<SpilledSample>(0) else {
         bump(Counter::SpillLost);
         return false;
@@ -159,6 +178,7 @@ fn spill(ctx: &PerfEventContext, key: &SampleKey) -> bool {
         (*sample).instance = key.instance;
         (*sample).comm = key.comm;
         (*sample).reserved = 0;
+        (*sample).cpu_ns = cpu_ns;
         let user = core::ptr::addr_of_mut!((*sample).user).cast();
         (*sample).user_len = bpf_get_stack(ctx.as_ptr(), user, STACK_BYTES, BPF_F_USER_STACK as u64) as i32;
         let kernel = core::ptr::addr_of_mut!((*sample).kernel).cast();
@@ -168,6 +188,44 @@ fn spill(ctx: &PerfEventContext, key: &SampleKey) -> bool {
     entry.submit(BPF_RB_NO_WAKEUP as u64);
     bump(Counter::Spilled);
     true
+}
+
+/// CPU time the current thread consumed since its previous sample, from the
+/// kernel's own per-thread accounting (`se.sum_exec_runtime`, which the
+/// scheduler brings up to date at every tick and context switch). A thread's
+/// first sample carries all its CPU time if it started after the sampler was
+/// attached, else one sampling period (all that is known).
+#[inline(always)]
+fn thread_cpu_since_last_sample(tid: u32) -> u64 {
+    let period = PERIOD_NS.load();
+    let offset = TASK_RUNTIME_OFFSET.load();
+    if offset == 0 {
+        return period;
+    }
+    let task = unsafe { bpf_get_current_task() } as *const u8;
+    let Ok(runtime) = (unsafe { bpf_probe_read_kernel(task.wrapping_add(offset as usize) as *const u64) })
+    else {
+        bump(Counter::TaskReadError);
+        return period;
+    };
+    if let Some(last) = THREAD_TIMES.get_ptr_mut(&tid) {
+        return unsafe { runtime.saturating_sub(core::mem::replace(&mut *last, runtime)) };
+    }
+    if THREAD_TIMES.insert(&tid, &runtime, 0).is_err() {
+        bump(Counter::ThreadMapFull);
+        return period;
+    }
+    let start_offset = TASK_START_OFFSET.load();
+    let started = match start_offset {
+        0 => 0,
+        _ => unsafe { bpf_probe_read_kernel(task.wrapping_add(start_offset as usize) as *const u64) }
+            .unwrap_or(0),
+    };
+    if started >= ATTACH_NS.load() {
+        runtime
+    } else {
+        period
+    }
 }
 
 /// The stack's id, or the negative errno; each failure kind is counted.

@@ -1,6 +1,8 @@
 //! Test harness: runs real workloads under the real profilerd binary and reads
 //! what it wrote. Everything here panics with a message saying what was expected.
 
+pub mod daemon;
+
 use std::{
     collections::HashMap,
     path::{Path, PathBuf},

@@ -9,7 +9,9 @@
 use std::{collections::HashMap as StdHashMap, time::Duration};
 
 use aya::maps::{Array, HashMap, MapData, MapError, PerCpuArray, RingBuf, StackTraceMap};
-use profiler_common::{CONTROL_ACTIVE_BUFFER, Counter, SPILLED_STACK_ID_BASE, SampleKey, SpilledSample, maps};
+use profiler_common::{
+    CONTROL_ACTIVE_BUFFER, Counter, SPILLED_STACK_ID_BASE, SampleKey, SampleValue, SpilledSample, maps,
+};
 
 use super::CollectError;
 
@@ -23,6 +25,8 @@ const FLIP_GRACE: Duration = Duration::from_millis(10);
 pub struct RawSample {
     pub key: SampleKey,
     pub count: u64,
+    /// CPU time of the thread attributed to these samples (see SampleValue).
+    pub cpu_ns: u64,
 }
 
 /// Cumulative BPF counters, summed over CPUs, indexed by `Counter as usize`.
@@ -58,7 +62,7 @@ pub struct RawBatch {
 
 /// Owns the sampler's maps on the daemon side.
 pub struct Drainer {
-    counts: [HashMap<MapData, SampleKey, u64>; 2],
+    counts: [HashMap<MapData, SampleKey, SampleValue>; 2],
     user_stacks: [StackTraceMap<MapData>; 2],
     kernel_stacks: [StackTraceMap<MapData>; 2],
     control: Array<MapData, u32>,
@@ -70,7 +74,7 @@ pub struct Drainer {
 
 impl Drainer {
     pub(super) fn new(
-        counts: [HashMap<MapData, SampleKey, u64>; 2],
+        counts: [HashMap<MapData, SampleKey, SampleValue>; 2],
         user_stacks: [StackTraceMap<MapData>; 2],
         kernel_stacks: [StackTraceMap<MapData>; 2],
         control: Array<MapData, u32>,
@@ -109,7 +113,11 @@ impl Drainer {
         let counts = &mut self.counts[old];
         for entry in counts.iter() {
             match entry {
-                Ok((key, count)) => batch.samples.push(RawSample { key, count }),
+                Ok((key, value)) => batch.samples.push(RawSample {
+                    key,
+                    count: value.count,
+                    cpu_ns: value.cpu_ns,
+                }),
                 Err(err) => {
                     batch.read_errors += 1;
                     tracing::debug!("reading {}: {err}", maps::COUNTS[old]);
@@ -164,7 +172,11 @@ impl Drainer {
                 kernel_stack_id: stack_id(spilled.kernel_len, &spilled.kernel, &mut batch.kernel_stacks),
                 comm: spilled.comm,
             };
-            batch.samples.push(RawSample { key, count: 1 });
+            batch.samples.push(RawSample {
+                key,
+                count: 1,
+                cpu_ns: spilled.cpu_ns,
+            });
         }
     }
 

@@ -4,6 +4,7 @@
 //! into [`RawBatch`]es; [`ProcessWatcher`] snapshots the memory mappings of
 //! every process the sampler announces, while the process still exists.
 
+mod btf;
 mod drain;
 mod process_snapshot;
 mod sampler;

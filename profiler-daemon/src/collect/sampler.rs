@@ -8,9 +8,9 @@ use aya::{
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
     },
 };
-use profiler_common::{SampleKey, maps, programs};
+use profiler_common::{SampleKey, SampleValue, globals, maps, programs};
 
-use super::{CollectError, Drainer};
+use super::{CollectError, Drainer, btf};
 
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler-ebpf"));
 
@@ -54,6 +54,27 @@ impl Sampler {
         raise_memlock_limit();
         let sizes = options.map_sizes;
         let mut loader = EbpfLoader::new();
+        // Per-thread CPU time comes from the kernel's task_struct; without BTF
+        // samples still count, and carry one sampling period each.
+        let offsets = match btf::task_offsets() {
+            Ok(offsets) => offsets,
+            Err(err) => {
+                tracing::warn!("no per-thread CPU time ({err}): cpu/nanoseconds will be count × period");
+                btf::TaskOffsets {
+                    runtime: 0,
+                    start_time: 0,
+                }
+            }
+        };
+        let runtime_offset = u64::from(offsets.runtime);
+        let start_offset = u64::from(offsets.start_time);
+        let period_ns = 1_000_000_000 / options.frequency.max(1);
+        let attach_ns = monotonic_now_ns();
+        loader
+            .override_global(globals::TASK_RUNTIME_OFFSET, &runtime_offset, true)
+            .override_global(globals::TASK_START_OFFSET, &start_offset, true)
+            .override_global(globals::PERIOD_NS, &period_ns, true)
+            .override_global(globals::ATTACH_NS, &attach_ns, true);
         for name in maps::COUNTS {
             loader.map_max_entries(name, sizes.counts);
         }
@@ -172,7 +193,7 @@ fn take_drainer(ebpf: &mut Ebpf) -> Result<Drainer, CollectError> {
     ) -> Result<T, CollectError> {
         T::try_from(take_map(ebpf, name)?).map_err(|source| CollectError::Map { name, source })
     }
-    let counts: [HashMap<MapData, SampleKey, u64>; 2] =
+    let counts: [HashMap<MapData, SampleKey, SampleValue>; 2] =
         [convert(ebpf, maps::COUNTS[0])?, convert(ebpf, maps::COUNTS[1])?];
     let user_stacks: [StackTraceMap<MapData>; 2] = [
         convert(ebpf, maps::USER_STACKS[0])?,
@@ -185,7 +206,25 @@ fn take_drainer(ebpf: &mut Ebpf) -> Result<Drainer, CollectError> {
     let control: Array<MapData, u32> = convert(ebpf, maps::CONTROL)?;
     let counters: PerCpuArray<MapData, u64> = convert(ebpf, maps::COUNTERS)?;
     let spilled: RingBuf<MapData> = convert(ebpf, maps::SPILLED_SAMPLES)?;
-    Ok(Drainer::new(counts, user_stacks, kernel_stacks, control, counters, spilled))
+    Ok(Drainer::new(
+        counts,
+        user_stacks,
+        kernel_stacks,
+        control,
+        counters,
+        spilled,
+    ))
+}
+
+/// CLOCK_MONOTONIC now, the clock bpf_ktime_get_ns() and task start times use.
+fn monotonic_now_ns() -> u64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    (now.tv_sec as u64) * 1_000_000_000 + now.tv_nsec as u64
 }
 
 /// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK; lift it so they load.

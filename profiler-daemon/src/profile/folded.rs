@@ -90,6 +90,7 @@ mod tests {
             thread_name: "t".into(),
             stack: stack.clone(),
             count,
+            cpu_ns: 0,
         };
         let profile = Profile {
             window: Window::ALL,

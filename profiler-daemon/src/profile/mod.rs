@@ -2,6 +2,7 @@
 //! is written in.
 
 pub mod folded;
+pub mod pprof;
 
 use crate::{store::Window, symbolize::SymbolizedSample};
 
@@ -9,7 +10,7 @@ use crate::{store::Window, symbolize::SymbolizedSample};
 /// (pid, tid, comm, thread name, stack).
 #[derive(Clone, Debug)]
 pub struct Profile {
-    /// The window asked for, clipped to the seconds the store actually holds.
+    /// The window asked for (open ends clipped to what the store holds).
     pub window: Window,
     /// Samples per second per CPU the sampler ran at.
     pub frequency: u64,

@@ -12,9 +12,9 @@ pub struct StoreClosed;
 
 enum Request {
     Ingest {
-        second: u64,
+        time_ms: u64,
         samples: Vec<SymbolizedSample>,
-        acks: Vec<oneshot::Sender<()>>,
+        acks: Vec<oneshot::Sender<u64>>,
     },
     Query {
         query: Query,
@@ -42,17 +42,17 @@ pub fn spawn(mut store: Store) -> StoreHandle {
         while let Some(request) = rx.recv().await {
             match request {
                 Request::Ingest {
-                    second,
+                    time_ms,
                     samples,
                     acks,
                 } => {
-                    store.ingest(second, &samples);
+                    store.ingest(time_ms, &samples);
                     for ack in acks {
-                        let _ = ack.send(());
+                        let _ = ack.send(time_ms);
                     }
                 }
                 Request::Query { query, reply } => {
-                    store.expire(crate::unix_now());
+                    store.expire(crate::unix_now_ms());
                     let _ = reply.send(store.query(&query));
                 }
                 Request::HasPid { pid, window, reply } => {
@@ -68,17 +68,17 @@ pub fn spawn(mut store: Store) -> StoreHandle {
 }
 
 impl StoreHandle {
-    /// From a blocking thread: hands over a symbolized drain; `acks` fire once
-    /// it is queryable.
+    /// From a blocking thread: hands over a symbolized drain made at
+    /// `time_ms`; `acks` get that time once it is queryable.
     pub fn blocking_ingest(
         &self,
-        second: u64,
+        time_ms: u64,
         samples: Vec<SymbolizedSample>,
-        acks: Vec<oneshot::Sender<()>>,
+        acks: Vec<oneshot::Sender<u64>>,
     ) -> Result<(), StoreClosed> {
         self.tx
             .blocking_send(Request::Ingest {
-                second,
+                time_ms,
                 samples,
                 acks,
             })

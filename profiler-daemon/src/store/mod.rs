@@ -1,7 +1,10 @@
 //! Stage 3: the bounded, time-bucketed store of symbolized samples.
 //!
-//! One bucket per second, holding counts per (pid, tid, comm, thread name,
-//! stack); stacks are interned. Buckets older than the retention go, and so
+//! One bucket per drain (about a second apart; on-demand drains add more),
+//! stamped with the drain's time in milliseconds and holding sample counts
+//! and CPU time per (pid, tid, comm, thread name, stack); stacks are interned.
+//! A window of drains is therefore exact: what a reader asks for between two
+//! drains is precisely what was sampled between them. Buckets older than the retention go, and so
 //! do the oldest ones whenever the approximate memory use passes the bound.
 
 mod actor;
@@ -60,9 +63,16 @@ struct EntryKey {
     stack: StackId,
 }
 
+/// Samples and CPU nanoseconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Totals {
+    count: u64,
+    cpu_ns: u64,
+}
+
 struct Bucket {
-    second: u64,
-    entries: HashMap<EntryKey, u64>,
+    time_ms: u64,
+    entries: HashMap<EntryKey, Totals>,
 }
 
 pub struct Store {
@@ -90,13 +100,14 @@ impl Store {
         self.config
     }
 
-    /// Adds samples drained at unix second `second`, then enforces retention.
-    pub fn ingest(&mut self, second: u64, samples: &[SymbolizedSample]) {
-        self.expire(second);
+    /// Adds the samples of a drain at `time_ms` (Unix milliseconds), then
+    /// enforces retention.
+    pub fn ingest(&mut self, time_ms: u64, samples: &[SymbolizedSample]) {
+        self.expire(time_ms);
         // Drains arrive in time order; a clock step back lands in the newest bucket.
-        if self.buckets.back().is_none_or(|bucket| bucket.second < second) {
+        if self.buckets.back().is_none_or(|bucket| bucket.time_ms < time_ms) {
             self.buckets.push_back(Bucket {
-                second,
+                time_ms,
                 entries: HashMap::new(),
             });
         }
@@ -115,8 +126,9 @@ impl Store {
                 stack: key_stack,
             };
             let bucket = self.buckets.back_mut().expect("a bucket was pushed above");
-            if let Some(count) = bucket.entries.get_mut(&key) {
-                *count += sample.count;
+            if let Some(totals) = bucket.entries.get_mut(&key) {
+                totals.count += sample.count;
+                totals.cpu_ns += sample.cpu_ns;
                 continue;
             }
             if !self.make_room(ENTRY_BYTES) {
@@ -128,7 +140,13 @@ impl Store {
                 .buckets
                 .back_mut()
                 .expect("make_room keeps the newest bucket");
-            bucket.entries.insert(key, sample.count);
+            bucket.entries.insert(
+                key,
+                Totals {
+                    count: sample.count,
+                    cpu_ns: sample.cpu_ns,
+                },
+            );
             self.entry_count += 1;
         }
         // Drop the batch's own references; stacks no entry kept are freed.
@@ -138,13 +156,15 @@ impl Store {
         self.refresh_stats();
     }
 
-    /// Drops buckets that fell out of the retention window as of `now`.
-    pub fn expire(&mut self, now: u64) {
-        let oldest_kept = now.saturating_sub(self.config.retention.as_secs().saturating_sub(1));
+    /// Drops buckets that fell out of the retention window as of `now_ms`.
+    pub fn expire(&mut self, now_ms: u64) {
+        let retention_ms = u64::try_from(self.config.retention.as_millis()).unwrap_or(u64::MAX);
+        // Kept: drains in (now - retention, now].
+        let oldest_kept = now_ms.saturating_sub(retention_ms);
         while self
             .buckets
             .front()
-            .is_some_and(|bucket| bucket.second < oldest_kept)
+            .is_some_and(|bucket| bucket.time_ms <= oldest_kept)
         {
             let count = self.pop_oldest();
             self.stats.samples_expired += count;
@@ -154,40 +174,48 @@ impl Store {
 
     /// Aggregates the window's samples that pass the filter.
     pub fn query(&self, query: &Query) -> Profile {
-        let mut totals: HashMap<&EntryKey, u64> = HashMap::new();
-        let mut first = u64::MAX;
-        let mut last = 0;
-        for bucket in self
-            .buckets
-            .iter()
-            .filter(|bucket| query.window.contains(bucket.second))
-        {
-            first = first.min(bucket.second);
-            last = last.max(bucket.second);
-            for (key, count) in &bucket.entries {
+        let mut totals: HashMap<&EntryKey, Totals> = HashMap::new();
+        // The drain before the window's first one marks where its samples begin.
+        let mut begins = None;
+        let mut last = None;
+        for bucket in &self.buckets {
+            if bucket.time_ms < query.window.start_ms {
+                begins = Some(bucket.time_ms);
+                continue;
+            }
+            if !query.window.contains(bucket.time_ms) {
+                continue;
+            }
+            last = Some(bucket.time_ms);
+            for (key, value) in &bucket.entries {
                 if query.filter.matches(key.pid, key.tid, &key.comm) {
-                    *totals.entry(key).or_default() += count;
+                    let total = totals.entry(key).or_default();
+                    total.count += value.count;
+                    total.cpu_ns += value.cpu_ns;
                 }
             }
         }
-        let window = if first <= last {
-            Window {
-                start: query.window.start.max(first.saturating_sub(1)),
-                end: query.window.end.min(last + 1),
-            }
-        } else {
-            query.window
+        // The first bucket holds what was sampled since the drain before it:
+        // that is where the window really starts. Open ends are clipped to
+        // what the store holds.
+        let window = Window {
+            start_ms: begins.map_or(query.window.start_ms, |ms| ms + 1),
+            end_ms: match last {
+                Some(last) if query.window.end_ms == u64::MAX => last + 1,
+                _ => query.window.end_ms,
+            },
         };
         let samples = totals
             .into_iter()
-            .filter_map(|(key, count)| {
+            .filter_map(|(key, totals)| {
                 Some(SymbolizedSample {
                     pid: key.pid,
                     tid: key.tid,
                     comm: key.comm.clone(),
                     thread_name: key.thread_name.clone(),
                     stack: self.stacks.get(key.stack)?.clone(),
-                    count,
+                    count: totals.count,
+                    cpu_ns: totals.cpu_ns,
                 })
             })
             .collect();
@@ -202,7 +230,7 @@ impl Store {
     pub fn has_pid(&self, pid: u32, window: Window) -> bool {
         self.buckets
             .iter()
-            .filter(|bucket| window.contains(bucket.second))
+            .filter(|bucket| window.contains(bucket.time_ms))
             .any(|bucket| bucket.entries.keys().any(|key| key.pid == pid))
     }
 
@@ -234,7 +262,7 @@ impl Store {
         let mut count = 0;
         self.entry_count -= bucket.entries.len();
         for (key, value) in bucket.entries {
-            count += value;
+            count += value.count;
             self.stacks.release(key.stack);
         }
         count

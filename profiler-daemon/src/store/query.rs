@@ -17,29 +17,46 @@ impl Filter {
     }
 }
 
-/// Seconds since the Unix epoch, inclusive start, exclusive end.
+/// A time range in milliseconds since the Unix epoch, inclusive start,
+/// exclusive end, matched against the time of each drain.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Window {
-    pub start: u64,
-    pub end: u64,
+    pub start_ms: u64,
+    pub end_ms: u64,
 }
 
 impl Window {
     pub const ALL: Window = Window {
-        start: 0,
-        end: u64::MAX,
+        start_ms: 0,
+        end_ms: u64::MAX,
     };
 
-    /// The last `seconds` seconds up to and including second `now`.
-    pub fn last(seconds: u64, now: u64) -> Self {
+    /// The `seconds` seconds up to and including millisecond `now_ms`: a
+    /// drain exactly `seconds` before `now_ms` belongs to the window before.
+    pub fn last(seconds: u64, now_ms: u64) -> Self {
         Window {
-            start: (now + 1).saturating_sub(seconds),
-            end: now + 1,
+            start_ms: now_ms
+                .saturating_sub(seconds.saturating_mul(1000))
+                .saturating_add(1),
+            end_ms: now_ms.saturating_add(1),
         }
     }
 
-    pub fn contains(&self, second: u64) -> bool {
-        self.start <= second && second < self.end
+    /// Samples drained after the drain at `after_ms`, up to and including the
+    /// drain at `until_ms`: exactly what was sampled between two drains.
+    pub fn between_drains(after_ms: u64, until_ms: u64) -> Self {
+        Window {
+            start_ms: after_ms.saturating_add(1),
+            end_ms: until_ms.saturating_add(1),
+        }
+    }
+
+    pub fn contains(&self, time_ms: u64) -> bool {
+        self.start_ms <= time_ms && time_ms < self.end_ms
+    }
+
+    pub fn duration_ms(&self) -> u64 {
+        self.end_ms.saturating_sub(self.start_ms)
     }
 }
 

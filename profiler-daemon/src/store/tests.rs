@@ -33,6 +33,7 @@ fn sample(pid: u32, tid: u32, comm: &str, stack: &Arc<SymbolizedStack>, count: u
         thread_name: comm.into(),
         stack: stack.clone(),
         count,
+        cpu_ns: count * 10_000_000,
     }
 }
 
@@ -53,23 +54,17 @@ fn all(filter: Filter) -> Query {
     }
 }
 
-fn count_of(profile: &Profile, pid: u32) -> u64 {
-    profile
-        .samples
-        .iter()
-        .filter(|s| s.pid == pid)
-        .map(|s| s.count)
-        .sum()
-}
-
 #[test]
 fn aggregates_equal_keys_across_buckets_and_within_a_batch() {
     let mut store = store(300, 1 << 20);
     let a = stack(&["hot_a", "main"]);
     // The same stack content arriving as distinct Arcs must still merge.
     let a_again = stack(&["hot_a", "main"]);
-    store.ingest(100, &[sample(1, 1, "w", &a, 3), sample(1, 1, "w", &a_again, 2)]);
-    store.ingest(101, &[sample(1, 1, "w", &a, 5)]);
+    store.ingest(
+        100_000,
+        &[sample(1, 1, "w", &a, 3), sample(1, 1, "w", &a_again, 2)],
+    );
+    store.ingest(101_000, &[sample(1, 1, "w", &a, 5)]);
     let profile = store.query(&all(Filter::default()));
     assert_eq!(
         profile.samples.len(),
@@ -86,14 +81,46 @@ fn window_selects_buckets() {
     let mut store = store(300, 1 << 20);
     let a = stack(&["a"]);
     for second in 100..110 {
-        store.ingest(second, &[sample(1, 1, "w", &a, 1)]);
+        store.ingest(second * 1000, &[sample(1, 1, "w", &a, 1)]);
     }
     let last3 = store.query(&Query {
-        window: Window::last(3, 109),
+        window: Window::last(3, 109_000),
         filter: Filter::default(),
     });
-    assert_eq!(last3.total_samples(), 3, "seconds 107, 108, 109 expected");
-    assert_eq!(last3.window, Window { start: 107, end: 110 });
+    assert_eq!(
+        last3.total_samples(),
+        3,
+        "drains at 107, 108, 109 s expected (106 s is 3 s before)"
+    );
+    let between = store.query(&Query {
+        window: Window::between_drains(104_000, 106_000),
+        filter: Filter::default(),
+    });
+    assert_eq!(
+        between.total_samples(),
+        2,
+        "drains after 104 s up to 106 s: 105 and 106"
+    );
+    assert_eq!(
+        between.window,
+        Window {
+            start_ms: 104_001,
+            end_ms: 106_001
+        }
+    );
+    assert_eq!(
+        between.samples[0].cpu_ns, 20_000_000,
+        "CPU time adds up like counts"
+    );
+    let all = store.query(&all(Filter::default()));
+    assert_eq!(
+        all.window,
+        Window {
+            start_ms: 0,
+            end_ms: 109_001
+        },
+        "an open end is clipped to the last drain"
+    );
 }
 
 #[test]
@@ -133,10 +160,10 @@ fn retention_expires_old_buckets_and_frees_stacks() {
     let mut store = store(5, 1 << 20);
     let old = stack(&["old"]);
     let new = stack(&["new"]);
-    store.ingest(100, &[sample(1, 1, "w", &old, 7)]);
-    store.ingest(104, &[sample(1, 1, "w", &new, 1)]);
+    store.ingest(100_000, &[sample(1, 1, "w", &old, 7)]);
+    store.ingest(104_000, &[sample(1, 1, "w", &new, 1)]);
     assert_eq!(store.stats().buckets, 2);
-    store.ingest(105, &[sample(1, 1, "w", &new, 1)]);
+    store.ingest(105_000, &[sample(1, 1, "w", &new, 1)]);
     let stats = store.stats();
     assert_eq!(stats.buckets, 2, "second 100 is outside a 5 s retention at 105");
     assert_eq!(stats.samples_expired, 7);
@@ -151,7 +178,7 @@ fn memory_bound_evicts_oldest_and_never_exceeds() {
         let samples: Vec<_> = (0..10u32)
             .map(|tid| sample(1, tid, "w", &stack(&["f", &format!("g{}", second % 7)]), 1))
             .collect();
-        store.ingest(second, &samples);
+        store.ingest(second * 1000, &samples);
         assert!(
             store.stats().bytes <= max,
             "{} bytes over the {max} bound at second {second}",
@@ -162,23 +189,22 @@ fn memory_bound_evicts_oldest_and_never_exceeds() {
     assert!(stats.samples_evicted > 0, "the bound must have evicted something");
     assert_eq!(
         stats.samples_ingested,
-        stats.samples_evicted + store.query(&all(Filter::default())).total_samples(),
-        "every sample is either kept or counted as evicted"
-    );
-    assert!(
-        store
-            .query(&all(Filter::default()))
-            .samples
-            .iter()
-            .all(|s| s.count == 1)
+        stats.samples_evicted + stats.samples_expired + store.query(&all(Filter::default())).total_samples(),
+        "every sample is either kept or counted as evicted or expired"
     );
 }
 
 #[test]
 fn has_pid_looks_only_inside_the_window() {
     let mut store = store(300, 1 << 20);
-    store.ingest(50, &[sample(42, 42, "w", &stack(&["f"]), 1)]);
+    store.ingest(50_000, &[sample(42, 42, "w", &stack(&["f"]), 1)]);
     assert!(store.has_pid(42, Window::ALL));
-    assert!(!store.has_pid(42, Window { start: 51, end: 60 }));
+    assert!(!store.has_pid(
+        42,
+        Window {
+            start_ms: 51_000,
+            end_ms: 60_000
+        }
+    ));
     assert!(!store.has_pid(43, Window::ALL));
 }

@@ -127,6 +127,7 @@ impl Symbolizer {
                 thread_name,
                 stack,
                 count: sample.count,
+                cpu_ns: sample.cpu_ns,
             });
         }
         for file in self.processes.end_batch() {

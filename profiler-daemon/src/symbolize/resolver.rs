@@ -34,11 +34,14 @@ pub struct ResolverStats {
     pub source_errors: u64,
 }
 
+/// Resolved lines by address (or file offset); None: unresolvable.
+type LineCache = HashMap<u64, Option<Arc<[Line]>>>;
+
 pub struct Resolver {
     blaze: Blaze,
-    user: HashMap<PathBuf, HashMap<u64, Option<Arc<[Line]>>>>,
+    user: HashMap<PathBuf, LineCache>,
     user_entries: usize,
-    kernel: HashMap<u64, Option<Arc<[Line]>>>,
+    kernel: LineCache,
     pending_user: HashMap<PathBuf, Vec<u64>>,
     pending_kernel: Vec<u64>,
     functions: HashMap<Arc<Function>, ()>,

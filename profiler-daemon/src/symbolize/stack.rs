@@ -87,6 +87,9 @@ pub struct SymbolizedSample {
     pub thread_name: Arc<str>,
     pub stack: Arc<SymbolizedStack>,
     pub count: u64,
+    /// CPU time the thread consumed, attributed to these samples (each sample
+    /// carries the thread's CPU time since its previous sample).
+    pub cpu_ns: u64,
 }
 
 #[cfg(test)]

@@ -1,0 +1,133 @@
+//! The HTTP front door: pprof over axum.
+//!
+//! - `GET /pprof?pid=&tid=&comm=&seconds=`: the last N seconds from the store, at once.
+//! - `GET /debug/pprof/profile?seconds=N`: Go-compatible; blocks N seconds and
+//!   returns that window only.
+//! - `GET /threads?pid=&seconds=`: CPU time per thread and process, JSON.
+//! - The other Go profile endpoints answer 404 at once, so scrapers that ask
+//!   for them by default (Parca) move on.
+//!
+//! Errors are one line of text/plain with `X-Go-Pprof: 1`, which is what
+//! makes `go tool pprof` show the message.
+
+mod handlers;
+pub mod params;
+pub mod threads;
+
+use std::{future::Future, sync::Arc, time::Duration};
+
+use axum::{
+    Router,
+    http::{HeaderValue, StatusCode, header},
+    response::{IntoResponse, Response},
+    routing::{any, get},
+};
+use tokio::{net::TcpListener, sync::watch};
+
+use crate::pipeline::Pipeline;
+
+/// What every handler shares. Cloned per request: it holds handles only.
+#[derive(Clone)]
+pub struct ServeState {
+    pipeline: Arc<Pipeline>,
+    max_seconds: u64,
+    /// Becomes true when the server starts shutting down, so that blocking
+    /// profile requests return early instead of holding up the exit.
+    stopping: watch::Receiver<bool>,
+}
+
+impl ServeState {
+    /// `retention` bounds the `seconds` a request may ask for.
+    pub fn new(pipeline: Arc<Pipeline>, retention: Duration) -> Self {
+        let (_, stopping) = watch::channel(false);
+        Self {
+            pipeline,
+            max_seconds: retention.as_secs().max(1),
+            stopping,
+        }
+    }
+}
+
+/// The routes, for [`serve`] (and for tests driving the router directly).
+pub fn router(state: ServeState) -> Router {
+    let mut router = Router::new()
+        .route("/pprof", get(handlers::pprof))
+        .route("/debug/pprof/profile", get(handlers::go_profile))
+        .route("/threads", get(threads::threads));
+    for name in handlers::UNSUPPORTED_GO_PROFILES {
+        router = router.route(&format!("/debug/pprof/{name}"), any(handlers::unsupported));
+    }
+    router.fallback(handlers::not_found).with_state(state)
+}
+
+/// Serves until `shutdown` resolves, then lets in-flight requests finish
+/// (blocking profiles end early with what they have).
+pub async fn serve(
+    listener: TcpListener,
+    mut state: ServeState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let (stop, stopping) = watch::channel(false);
+    state.stopping = stopping;
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(async move {
+            shutdown.await;
+            let _ = stop.send(true);
+        })
+        .await
+}
+
+/// A failed request: the status and the one line that explains it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpError {
+    pub status: StatusCode,
+    pub message: String,
+}
+
+impl HttpError {
+    pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+        }
+    }
+}
+
+impl IntoResponse for HttpError {
+    fn into_response(self) -> Response {
+        // One line, whatever the message carried.
+        let mut body = self.message.replace(['\r', '\n'], " ");
+        body.push('\n');
+        let mut response = (self.status, body).into_response();
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        headers.insert("x-go-pprof", HeaderValue::from_static("1"));
+        headers.insert(
+            header::X_CONTENT_TYPE_OPTIONS,
+            HeaderValue::from_static("nosniff"),
+        );
+        response
+    }
+}
+
+/// A gzipped pprof body, as Go's net/http/pprof sends it.
+pub(crate) fn pprof_response(body: Vec<u8>) -> Response {
+    let mut response = body.into_response();
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    headers.insert(
+        header::CONTENT_DISPOSITION,
+        HeaderValue::from_static("attachment; filename=\"profile\""),
+    );
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    response
+}

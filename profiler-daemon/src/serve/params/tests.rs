@@ -1,0 +1,164 @@
+use super::*;
+
+const LIMITS: Limits = Limits {
+    pid_max: 4_194_304,
+    max_seconds: 300,
+};
+
+fn pprof(query: &str) -> Result<ProfileParams, ParamError> {
+    parse_pprof(Some(query), &LIMITS)
+}
+
+fn go(query: &str) -> Result<ProfileParams, ParamError> {
+    parse_go_profile(Some(query), &LIMITS)
+}
+
+fn message(result: Result<ProfileParams, ParamError>) -> String {
+    result.expect_err("should be rejected").to_string()
+}
+
+#[test]
+fn defaults_to_ten_seconds_of_the_whole_system() {
+    for query in [None, Some("")] {
+        let params = parse_pprof(query, &LIMITS).expect("accepted");
+        assert_eq!(params.seconds, 10);
+        assert_eq!(params.filter, Filter::default());
+    }
+    let short = Limits {
+        max_seconds: 4,
+        ..LIMITS
+    };
+    assert_eq!(parse_pprof(None, &short).map(|p| p.seconds), Ok(4));
+}
+
+#[test]
+fn pids_repeat_and_split_on_commas_without_duplicates() {
+    let params = pprof("pid=12,7&pid=12&seconds=60&tid=13&comm=busy&comm=other").expect("accepted");
+    assert_eq!(params.seconds, 60);
+    assert_eq!(params.filter.pids, [12, 7]);
+    assert_eq!(params.filter.tids, [13]);
+    assert_eq!(params.filter.comms, ["busy", "other"]);
+}
+
+#[test]
+fn values_are_percent_decoded() {
+    let params = pprof("comm=kworker%2F0%3A1&pid=1%2C2").expect("accepted");
+    assert_eq!(params.filter.comms, ["kworker/0:1"]);
+    assert_eq!(params.filter.pids, [1, 2]);
+    assert_eq!(pprof("comm=a+b").expect("accepted").filter.comms, ["a b"]);
+}
+
+#[test]
+fn bad_pids_name_the_parameter_and_the_accepted_range() {
+    for (query, value) in [
+        ("pid=abc", "\"abc\""),
+        ("pid=-1", "\"-1\""),
+        ("pid=0", "\"0\""),
+        ("pid=4194304", "\"4194304\""),
+        ("pid=99999999999999999999999", "\"99999999999999999999999\""),
+        ("pid=", "\"\""),
+        ("pid=1,,2", "\"\""),
+        ("pid=%2B5", "\"+5\""),
+        ("pid=+5", "\" 5\""),
+        ("pid=%205", "\" 5\""),
+    ] {
+        let text = message(pprof(query));
+        assert_eq!(
+            text,
+            format!(
+                "pid: {value} is not accepted; expected a process id from 1 to 4194303; repeat pid= or separate ids with commas"
+            ),
+            "{query}"
+        );
+    }
+    assert!(pprof("pid=4194303").is_ok());
+    assert!(
+        message(pprof("tid=x"))
+            .starts_with("tid: \"x\" is not accepted; expected a thread id from 1 to 4194303")
+    );
+}
+
+#[test]
+fn bad_seconds_name_the_parameter_and_the_retention() {
+    for value in [
+        "0",
+        "-5",
+        "abc",
+        "1e9",
+        "301",
+        "1000000000",
+        "",
+        "5.0",
+        "18446744073709551616",
+    ] {
+        assert_eq!(
+            message(pprof(&format!("seconds={value}"))),
+            format!("seconds: {value:?} is not accepted; expected an integer from 1 to 300 (the retention)"),
+        );
+    }
+    assert_eq!(pprof("seconds=300").map(|p| p.seconds), Ok(300));
+    assert_eq!(
+        message(pprof("seconds=5&seconds=6")),
+        "seconds: given more than once; expected a single value"
+    );
+}
+
+#[test]
+fn bad_comms_are_rejected() {
+    assert!(message(pprof("comm=")).starts_with("comm: \"\" is not accepted; expected a process name"));
+    assert!(pprof(&format!("comm={}", "x".repeat(65))).is_err());
+    assert!(pprof("comm=a%0Ab").is_err());
+    assert!(pprof(&format!("comm={}", "x".repeat(64))).is_ok());
+}
+
+#[test]
+fn unknown_parameters_are_rejected_on_pprof_and_ignored_by_go() {
+    assert_eq!(
+        message(pprof("pid=1&debug=1")),
+        "unknown parameter \"debug\"; accepted: pid, tid, comm, seconds"
+    );
+    assert_eq!(go("debug=1&gc=1").map(|p| p.seconds), Ok(30));
+}
+
+#[test]
+fn go_falls_back_to_thirty_seconds_like_net_http_pprof() {
+    for value in ["", "0", "-5", "abc", "1e9", "5.5"] {
+        assert_eq!(
+            go(&format!("seconds={value}")).map(|p| p.seconds),
+            Ok(30),
+            "{value}"
+        );
+    }
+    assert_eq!(go("").map(|p| p.seconds), Ok(30));
+    assert_eq!(go("seconds=5&seconds=abc").map(|p| p.seconds), Ok(5));
+    assert!(message(go("seconds=301")).starts_with("seconds: \"301\" is not accepted"));
+    assert!(message(go("seconds=1000000000")).contains("1 to 300"));
+    assert!(go("pid=abc").is_err());
+    let short = Limits {
+        max_seconds: 20,
+        ..LIMITS
+    };
+    assert_eq!(parse_go_profile(None, &short).map(|p| p.seconds), Ok(20));
+}
+
+#[test]
+fn long_query_strings_are_refused_before_parsing() {
+    let query = format!("pid={}", "1,".repeat(5000));
+    assert_eq!(
+        message(pprof(&query)),
+        format!(
+            "query string too long: {} bytes; at most 4096 are accepted",
+            query.len()
+        )
+    );
+    assert!(matches!(go(&query), Err(ParamError::TooLong { .. })));
+}
+
+#[test]
+fn quoted_values_stay_on_one_short_line() {
+    let text = message(pprof(&format!("pid={}%0A", "9".repeat(100))));
+    assert!(!text.contains('\n'));
+    assert!(text.contains("...") && text.len() < 200, "{text}");
+    // A multi-byte character straddling the cut does not panic.
+    assert!(message(pprof(&format!("x{}=1", "é".repeat(40)))).contains("..."));
+}

@@ -1,0 +1,165 @@
+//! `GET /threads`: CPU time per thread and per process over a window, as JSON.
+//! Same filters, window and errors as `/pprof`.
+
+use std::collections::BTreeMap;
+
+use axum::{
+    Json,
+    extract::{RawQuery, State},
+};
+use serde::Serialize;
+
+use super::{HttpError, ServeState, handlers::recent_profile, params};
+use crate::profile::Profile;
+
+#[derive(Debug, Serialize, PartialEq, Eq)]
+pub struct ThreadsReport {
+    pub window: WindowReport,
+    /// Sorted by CPU time, busiest first.
+    pub processes: Vec<ProcessReport>,
+}
+
+#[derive(Debug, Serialize, PartialEq, Eq)]
+pub struct WindowReport {
+    pub start_ms: u64,
+    pub end_ms: u64,
+}
+
+#[derive(Debug, Serialize, PartialEq, Eq)]
+pub struct ProcessReport {
+    pub pid: u32,
+    pub comm: String,
+    /// Sums over the threads.
+    pub cpu_ns: u64,
+    pub samples: u64,
+    /// Sorted by CPU time, busiest first.
+    pub threads: Vec<ThreadReport>,
+}
+
+#[derive(Debug, Serialize, PartialEq, Eq)]
+pub struct ThreadReport {
+    pub tid: u32,
+    pub thread_name: String,
+    /// CPU time measured in the kernel (see the README), nanoseconds.
+    pub cpu_ns: u64,
+    pub samples: u64,
+}
+
+pub(super) async fn threads(
+    State(state): State<ServeState>,
+    RawQuery(query): RawQuery,
+) -> Result<Json<ThreadsReport>, HttpError> {
+    let params = params::parse_pprof(query.as_deref(), &state.limits())?;
+    let profile = recent_profile(&state, params).await?;
+    Ok(Json(report(&profile)))
+}
+
+/// Groups a profile's samples by process and thread.
+pub fn report(profile: &Profile) -> ThreadsReport {
+    // pid -> (comm, tid -> thread)
+    let mut processes: BTreeMap<u32, (String, BTreeMap<u32, ThreadReport>)> = BTreeMap::new();
+    for sample in &profile.samples {
+        let (_, threads) = processes
+            .entry(sample.pid)
+            .or_insert_with(|| (sample.comm.to_string(), BTreeMap::new()));
+        let thread = threads.entry(sample.tid).or_insert_with(|| ThreadReport {
+            tid: sample.tid,
+            thread_name: sample.thread_name.to_string(),
+            cpu_ns: 0,
+            samples: 0,
+        });
+        thread.cpu_ns += sample.cpu_ns;
+        thread.samples += sample.count;
+    }
+    let mut processes: Vec<ProcessReport> = processes
+        .into_iter()
+        .map(|(pid, (comm, threads))| {
+            let mut threads: Vec<ThreadReport> = threads.into_values().collect();
+            threads.sort_by(|a, b| b.cpu_ns.cmp(&a.cpu_ns).then(a.tid.cmp(&b.tid)));
+            ProcessReport {
+                pid,
+                comm,
+                cpu_ns: threads.iter().map(|thread| thread.cpu_ns).sum(),
+                samples: threads.iter().map(|thread| thread.samples).sum(),
+                threads,
+            }
+        })
+        .collect();
+    processes.sort_by(|a, b| b.cpu_ns.cmp(&a.cpu_ns).then(a.pid.cmp(&b.pid)));
+    ThreadsReport {
+        window: WindowReport {
+            start_ms: profile.window.start_ms,
+            end_ms: profile.window.end_ms,
+        },
+        processes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::{
+        store::Window,
+        symbolize::{SymbolizedSample, SymbolizedStack},
+    };
+
+    #[test]
+    fn sums_threads_into_processes_busiest_first() {
+        let stack = Arc::new(SymbolizedStack {
+            locations: Box::new([]),
+        });
+        let sample = |pid, tid, name: &str, count, cpu_ns| SymbolizedSample {
+            pid,
+            tid,
+            comm: format!("proc{pid}").into(),
+            thread_name: name.into(),
+            stack: stack.clone(),
+            count,
+            cpu_ns,
+        };
+        let profile = Profile {
+            window: Window {
+                start_ms: 1_000,
+                end_ms: 6_000,
+            },
+            frequency: 99,
+            samples: vec![
+                sample(1, 1, "main", 1, 10),
+                sample(2, 20, "worker", 5, 500),
+                sample(2, 21, "io", 1, 100),
+                sample(2, 20, "worker", 2, 200),
+            ],
+        };
+        let report = report(&profile);
+        assert_eq!(
+            report.window,
+            WindowReport {
+                start_ms: 1_000,
+                end_ms: 6_000
+            }
+        );
+        assert_eq!(report.processes.len(), 2);
+        let busiest = &report.processes[0];
+        assert_eq!((busiest.pid, busiest.cpu_ns, busiest.samples), (2, 800, 8));
+        assert_eq!(
+            busiest.threads,
+            vec![
+                ThreadReport {
+                    tid: 20,
+                    thread_name: "worker".into(),
+                    cpu_ns: 700,
+                    samples: 7
+                },
+                ThreadReport {
+                    tid: 21,
+                    thread_name: "io".into(),
+                    cpu_ns: 100,
+                    samples: 1
+                },
+            ]
+        );
+        assert_eq!(report.processes[1].comm, "proc1");
+    }
+}
