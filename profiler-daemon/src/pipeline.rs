@@ -17,8 +17,8 @@ use tokio::sync::{oneshot, watch};
 
 use crate::{
     collect::{
-        BpfCounters, CollectError, Drainer, ProcessNotice, ProcessWatcher, RawBatch, Sampler, SamplerOptions,
-        WatcherStats,
+        BpfCounters, CollectError, Drainer, MapSizes, ProcessNotice, ProcessWatcher, RawBatch, Sampler,
+        SamplerOptions, WatcherStats,
     },
     store::{self, Store, StoreConfig, StoreHandle},
     symbolize::{Symbolizer, SymbolizerStats},
@@ -42,6 +42,18 @@ pub struct PipelineStatus {
     pub last_symbolize: Duration,
     /// Map entries that could not be read or deleted.
     pub map_read_errors: u64,
+    /// Entries found in the counts, user-stack and kernel-stack maps at the last drain.
+    pub map_entries: MapEntries,
+    pub drain_seconds_total: f64,
+    pub symbolize_seconds_total: f64,
+}
+
+/// Occupancy of one buffer's maps when it was drained.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MapEntries {
+    pub counts: usize,
+    pub user_stacks: usize,
+    pub kernel_stacks: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -78,6 +90,7 @@ pub struct Pipeline {
     threads: Vec<JoinHandle<()>>,
     cpus: usize,
     frequency: u64,
+    map_sizes: MapSizes,
 }
 
 impl Pipeline {
@@ -136,6 +149,7 @@ impl Pipeline {
             threads,
             cpus,
             frequency: options.sampler.frequency,
+            map_sizes: options.sampler.map_sizes,
         })
     }
 
@@ -167,6 +181,11 @@ impl Pipeline {
 
     pub fn frequency(&self) -> u64 {
         self.frequency
+    }
+
+    /// Capacities of the BPF maps (per buffer).
+    pub fn map_sizes(&self) -> MapSizes {
+        self.map_sizes
     }
 
     /// Final drain, detaches the BPF programs and joins every thread.
@@ -260,6 +279,13 @@ fn symbolize_loop(
                     status.last_drain = drain_time;
                     status.last_symbolize = symbolize_time;
                     status.map_read_errors += batch.read_errors;
+                    status.map_entries = MapEntries {
+                        counts: batch.samples.len() - batch.spilled,
+                        user_stacks: batch.user_stacks.len(),
+                        kernel_stacks: batch.kernel_stacks.len(),
+                    };
+                    status.drain_seconds_total += drain_time.as_secs_f64();
+                    status.symbolize_seconds_total += symbolize_time.as_secs_f64();
                 });
                 if store.blocking_ingest(time_ms, samples, acks).is_err() {
                     return;

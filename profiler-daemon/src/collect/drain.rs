@@ -58,6 +58,8 @@ pub struct RawBatch {
     pub counters: BpfCounters,
     /// Map read errors skipped during this drain.
     pub read_errors: u64,
+    /// How many of `samples` came through the spill ring.
+    pub spilled: usize,
 }
 
 /// Owns the sampler's maps on the daemon side.
@@ -177,6 +179,7 @@ impl Drainer {
                 count: 1,
                 cpu_ns: spilled.cpu_ns,
             });
+            batch.spilled += 1;
         }
     }
 

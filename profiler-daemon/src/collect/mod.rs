@@ -11,7 +11,9 @@ mod sampler;
 mod watcher;
 
 pub use drain::{BpfCounters, Drainer, RawBatch, RawSample};
-pub use process_snapshot::{MappedFile, ProcessSnapshot, SnapshotMapping, SnapshotReader, parse_maps_line};
+pub use process_snapshot::{
+    FileKey, MappedFile, ProcessSnapshot, SnapshotMapping, SnapshotReader, parse_maps_line,
+};
 pub use sampler::{MapSizes, Sampler, SamplerOptions};
 pub use watcher::{ProcessNotice, ProcessWatcher, WatcherStats};
 

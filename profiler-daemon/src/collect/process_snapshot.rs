@@ -10,14 +10,23 @@ use std::{
     sync::{Arc, Weak},
 };
 
-/// A mapped file the symbolizer can open: by its path when that still names
-/// the same inode from here, else through a descriptor we hold.
+/// Identity of a file: cache keys use it, never a path, since paths
+/// (and `/proc/self/fd/N` numbers) get reused for other files.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FileKey {
+    pub dev: u64,
+    pub inode: u64,
+}
+
+/// A mapped file, held open from the moment the process was first seen, so
+/// it stays readable after the process exits and after the file is deleted
+/// or replaced on disk (the descriptor keeps the old inode).
 #[derive(Debug)]
 pub struct MappedFile {
-    /// Path to hand to the ELF reader (`/proc/self/fd/N` when held open).
+    /// `/proc/self/fd/N` of the held descriptor: what the ELF reader opens.
     pub access_path: PathBuf,
-    pub inode: u64,
-    _held: Option<File>,
+    pub key: FileKey,
+    _held: File,
 }
 
 #[derive(Clone, Debug)]
@@ -124,32 +133,34 @@ impl SnapshotReader {
     }
 
     fn mapped_file(&mut self, pid: u32, line: &MapsLine<'_>) -> Option<Arc<MappedFile>> {
-        let path = PathBuf::from(line.path);
-        // The common case: the path names the same file from our namespace.
-        if std::fs::metadata(&path).is_ok_and(|meta| meta.ino() == line.inode) {
-            let key = (line.inode, path);
-            if let Some(file) = self.held.get(&key).and_then(Weak::upgrade) {
-                return Some(file);
-            }
-            let file = Arc::new(MappedFile {
-                access_path: key.1.clone(),
-                inode: line.inode,
-                _held: None,
-            });
-            self.held.insert(key, Arc::downgrade(&file));
+        let held_key = (line.inode, PathBuf::from(line.path));
+        if let Some(file) = self.held.get(&held_key).and_then(Weak::upgrade) {
             return Some(file);
         }
-        // Deleted, replaced or in another mount namespace: hold the mapped file
-        // itself open so it stays readable after the process is gone.
+        // By path when it still names the mapped inode from our mount
+        // namespace; else (deleted, replaced, another namespace) through the
+        // process's own mapping.
+        let by_path = std::fs::metadata(&held_key.1).is_ok_and(|meta| meta.ino() == line.inode);
         let map_file = format!("/proc/{pid}/map_files/{:x}-{:x}", line.start, line.end);
-        let key = (line.inode, PathBuf::from(&map_file));
-        let held = File::open(&map_file).ok()?;
+        let held = if by_path {
+            File::open(&held_key.1)
+        } else {
+            File::open(&map_file)
+        }
+        .ok()?;
+        let meta = held.metadata().ok()?;
+        if meta.ino() != line.inode {
+            return None;
+        }
         let file = Arc::new(MappedFile {
             access_path: PathBuf::from(format!("/proc/self/fd/{}", held.as_raw_fd())),
-            inode: line.inode,
-            _held: Some(held),
+            key: FileKey {
+                dev: meta.dev(),
+                inode: meta.ino(),
+            },
+            _held: held,
         });
-        self.held.insert(key, Arc::downgrade(&file));
+        self.held.insert(held_key, Arc::downgrade(&file));
         Some(file)
     }
 }

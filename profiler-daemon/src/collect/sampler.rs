@@ -51,7 +51,7 @@ impl Sampler {
     /// the exec/exit tracepoints, and returns it with the drainer of its maps
     /// and the ring buffer of process events.
     pub fn start(options: &SamplerOptions) -> Result<(Self, Drainer, RingBuf<MapData>), CollectError> {
-        raise_memlock_limit();
+        raise_limits();
         let sizes = options.map_sizes;
         let mut loader = EbpfLoader::new();
         // Per-thread CPU time comes from the kernel's task_struct; without BTF
@@ -227,8 +227,21 @@ fn monotonic_now_ns() -> u64 {
     (now.tv_sec as u64) * 1_000_000_000 + now.tv_nsec as u64
 }
 
-/// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK; lift it so they load.
-fn raise_memlock_limit() {
+/// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK: lift it so they
+/// load. Every mapped file of every sampled process is held open: lift the
+/// descriptor limit to its hard maximum.
+fn raise_limits() {
+    let mut files = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit read and write one valid struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut files) == 0 && files.rlim_cur < files.rlim_max {
+            files.rlim_cur = files.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &files);
+        }
+    }
     let limit = libc::rlimit {
         rlim_cur: libc::RLIM_INFINITY,
         rlim_max: libc::RLIM_INFINITY,

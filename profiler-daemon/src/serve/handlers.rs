@@ -32,6 +32,11 @@ pub(super) const UNSUPPORTED_GO_PROFILES: [&str; 7] = [
     "symbol",
 ];
 
+/// How long a request waits for the samples taken up to its arrival. Past
+/// it (the symbolizer busy with, say, a huge binary's debug info) it answers
+/// with what the store already holds rather than stall.
+const DRAIN_WAIT: Duration = Duration::from_secs(2);
+
 /// Largest pid + 1 on 64-bit Linux (PID_MAX_LIMIT), if pid_max cannot be read.
 const PID_MAX_LIMIT: u32 = 1 << 22;
 
@@ -59,7 +64,7 @@ pub(super) async fn pprof(
 /// The profile of the last `params.seconds` seconds, including what was
 /// sampled up to now; 404 if a requested pid neither runs nor has samples.
 pub(super) async fn recent_profile(state: &ServeState, params: ProfileParams) -> Result<Profile, HttpError> {
-    let now_ms = state.pipeline.drain_now().await.map_err(pipeline_stopped)?;
+    let now_ms = drain(state).await?;
     let window = Window::last(params.seconds, now_ms);
     for &pid in &params.filter.pids {
         let Err(reason) = process_runs(pid) else {
@@ -101,18 +106,30 @@ pub(super) async fn go_profile(
     {
         return Err(HttpError::new(StatusCode::NOT_FOUND, reason));
     }
-    let after_ms = state.pipeline.drain_now().await.map_err(pipeline_stopped)?;
+    let after_ms = drain(&state).await?;
     tokio::select! {
         () = tokio::time::sleep(Duration::from_secs(params.seconds)) => {}
         () = stopping(state.stopping.clone()) => {}
     }
-    let until_ms = state.pipeline.drain_now().await.map_err(pipeline_stopped)?;
+    let until_ms = drain(&state).await?;
     let query = Query {
         window: Window::between_drains(after_ms, until_ms),
         filter: params.filter,
     };
     let profile = state.pipeline.store().query(query).await.map_err(store_closed)?;
     Ok(pprof_response(encode(profile).await?))
+}
+
+/// Drains the sampler and returns the drain's time, or now if that takes
+/// longer than [`DRAIN_WAIT`].
+async fn drain(state: &ServeState) -> Result<u64, HttpError> {
+    match tokio::time::timeout(DRAIN_WAIT, state.pipeline.drain_now()).await {
+        Ok(drained) => drained.map_err(pipeline_stopped),
+        Err(_) => {
+            tracing::warn!("drain took over {DRAIN_WAIT:?}; answering with the samples already stored");
+            Ok(crate::unix_now_ms())
+        }
+    }
 }
 
 /// The other Go profiles: not collected here.
@@ -202,7 +219,7 @@ fn pipeline_stopped(_: PipelineError) -> HttpError {
     HttpError::new(StatusCode::SERVICE_UNAVAILABLE, "profilerd is shutting down")
 }
 
-fn store_closed(_: StoreClosed) -> HttpError {
+pub(super) fn store_closed(_: StoreClosed) -> HttpError {
     HttpError::new(StatusCode::SERVICE_UNAVAILABLE, "profilerd is shutting down")
 }
 

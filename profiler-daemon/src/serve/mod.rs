@@ -4,6 +4,7 @@
 //! - `GET /debug/pprof/profile?seconds=N`: Go-compatible; blocks N seconds and
 //!   returns that window only.
 //! - `GET /threads?pid=&seconds=`: CPU time per thread and process, JSON.
+//! - `GET /metrics`: Prometheus metrics of the daemon itself.
 //! - The other Go profile endpoints answer 404 at once, so scrapers that ask
 //!   for them by default (Parca) move on.
 //!
@@ -11,6 +12,7 @@
 //! makes `go tool pprof` show the message.
 
 mod handlers;
+pub mod metrics;
 pub mod params;
 pub mod threads;
 
@@ -31,6 +33,7 @@ use crate::pipeline::Pipeline;
 pub struct ServeState {
     pipeline: Arc<Pipeline>,
     max_seconds: u64,
+    http_metrics: metrics::HttpMetrics,
     /// Becomes true when the server starts shutting down, so that blocking
     /// profile requests return early instead of holding up the exit.
     stopping: watch::Receiver<bool>,
@@ -43,6 +46,7 @@ impl ServeState {
         Self {
             pipeline,
             max_seconds: retention.as_secs().max(1),
+            http_metrics: metrics::HttpMetrics::default(),
             stopping,
         }
     }
@@ -53,11 +57,18 @@ pub fn router(state: ServeState) -> Router {
     let mut router = Router::new()
         .route("/pprof", get(handlers::pprof))
         .route("/debug/pprof/profile", get(handlers::go_profile))
-        .route("/threads", get(threads::threads));
+        .route("/threads", get(threads::threads))
+        .route("/metrics", get(metrics::metrics));
     for name in handlers::UNSUPPORTED_GO_PROFILES {
         router = router.route(&format!("/debug/pprof/{name}"), any(handlers::unsupported));
     }
-    router.fallback(handlers::not_found).with_state(state)
+    router
+        .fallback(handlers::not_found)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            metrics::count_requests,
+        ))
+        .with_state(state)
 }
 
 /// Serves until `shutdown` resolves, then lets in-flight requests finish

@@ -131,7 +131,7 @@ impl Symbolizer {
             });
         }
         for file in self.processes.end_batch() {
-            self.resolver.forget_file(&file.access_path);
+            self.resolver.forget_file(&file);
         }
         out
     }
@@ -161,7 +161,7 @@ impl Symbolizer {
                 Some(mapping) => {
                     if let Some(file) = &mapping.file {
                         self.resolver
-                            .want_user(&file.access_path, address - mapping.start + mapping.offset);
+                            .want_user(file, address - mapping.start + mapping.offset);
                     }
                 }
                 None => all_mapped = false,
@@ -222,7 +222,7 @@ fn build_stack(
         let mapping = process.and_then(|process| process.mapping_of(address));
         let lines = mapping.and_then(|mapping| {
             let file = mapping.file.as_ref()?;
-            resolver.user(&file.access_path, address - mapping.start + mapping.offset)
+            resolver.user(file, address - mapping.start + mapping.offset)
         });
         locations.push(location(
             FrameKind::User,

@@ -143,7 +143,7 @@ impl ProcessTable {
         }
         self.stats.tracked = self.entries.len() as u64;
         // Files held open (deleted binaries, other namespaces) whose last user left.
-        released.retain(|file| Arc::strong_count(file) == 1 && file.access_path.starts_with("/proc/self/fd"));
+        released.retain(|file| Arc::strong_count(file) == 1);
         released
     }
 }
@@ -153,10 +153,7 @@ fn entry_from(snapshot: ProcessSnapshot, resolver: &mut Resolver, batch: u64) ->
         .mappings
         .into_iter()
         .map(|mapping| {
-            let build_id = mapping
-                .file
-                .as_ref()
-                .and_then(|file| resolver.build_id(&file.access_path));
+            let build_id = mapping.file.as_ref().and_then(|file| resolver.build_id(file));
             UserMapping {
                 start: mapping.start,
                 end: mapping.end,

@@ -2,11 +2,9 @@
 //! library's symbols are shared by every process that maps it and survive the
 //! process; kernel frames by address, from kallsyms.
 
-use std::{
-    collections::HashMap,
-    path::{Path, PathBuf},
-    sync::Arc,
-};
+use std::{collections::HashMap, path::PathBuf, sync::Arc};
+
+use crate::collect::{FileKey, MappedFile};
 
 use blazesym::symbolize::{
     Input, Symbolized, Symbolizer as Blaze,
@@ -39,13 +37,13 @@ type LineCache = HashMap<u64, Option<Arc<[Line]>>>;
 
 pub struct Resolver {
     blaze: Blaze,
-    user: HashMap<PathBuf, LineCache>,
+    user: HashMap<FileKey, LineCache>,
     user_entries: usize,
     kernel: LineCache,
-    pending_user: HashMap<PathBuf, Vec<u64>>,
+    pending_user: HashMap<FileKey, (PathBuf, Vec<u64>)>,
     pending_kernel: Vec<u64>,
     functions: HashMap<Arc<Function>, ()>,
-    build_ids: HashMap<PathBuf, Option<Arc<str>>>,
+    build_ids: HashMap<FileKey, Option<Arc<str>>>,
     pub stats: ResolverStats,
 }
 
@@ -68,10 +66,10 @@ impl Default for Resolver {
 
 impl Resolver {
     /// Notes that `file_offset` in `file` will be needed by [`Self::user`].
-    pub fn want_user(&mut self, file: &Path, file_offset: u64) {
+    pub fn want_user(&mut self, file: &MappedFile, file_offset: u64) {
         if self
             .user
-            .get(file)
+            .get(&file.key)
             .is_some_and(|cache| cache.contains_key(&file_offset))
         {
             self.stats.cache_hits += 1;
@@ -79,8 +77,9 @@ impl Resolver {
         }
         self.stats.cache_misses += 1;
         self.pending_user
-            .entry(file.to_path_buf())
-            .or_default()
+            .entry(file.key)
+            .or_insert_with(|| (file.access_path.clone(), Vec::new()))
+            .1
             .push(file_offset);
     }
 
@@ -103,12 +102,12 @@ impl Resolver {
             self.kernel.clear();
         }
         let pending = std::mem::take(&mut self.pending_user);
-        for (file, mut offsets) in pending {
+        for (key, (path, mut offsets)) in pending {
             offsets.sort_unstable();
             offsets.dedup();
-            let source = Source::Elf(Elf::new(&file));
+            let source = Source::Elf(Elf::new(&path));
             let results = self.symbolize(&source, Input::FileOffset(&offsets), offsets.len());
-            let cache = self.user.entry(file).or_default();
+            let cache = self.user.entry(key).or_default();
             self.user_entries += offsets.len();
             cache.extend(offsets.into_iter().zip(results));
         }
@@ -128,8 +127,8 @@ impl Resolver {
 
     /// The lines for a user address resolved by [`Self::resolve_pending`];
     /// None when unresolvable.
-    pub fn user(&self, file: &Path, file_offset: u64) -> Option<Arc<[Line]>> {
-        self.user.get(file)?.get(&file_offset)?.clone()
+    pub fn user(&self, file: &MappedFile, file_offset: u64) -> Option<Arc<[Line]>> {
+        self.user.get(&file.key)?.get(&file_offset)?.clone()
     }
 
     pub fn kernel(&self, address: u64) -> Option<Arc<[Line]>> {
@@ -137,28 +136,29 @@ impl Resolver {
     }
 
     /// GNU build id of a file, lowercase hex, cached.
-    pub fn build_id(&mut self, file: &Path) -> Option<Arc<str>> {
-        if let Some(id) = self.build_ids.get(file) {
+    pub fn build_id(&mut self, file: &MappedFile) -> Option<Arc<str>> {
+        if let Some(id) = self.build_ids.get(&file.key) {
             return id.clone();
         }
-        let id = blazesym::helper::read_elf_build_id(file)
+        let id = blazesym::helper::read_elf_build_id(&file.access_path)
             .ok()
             .flatten()
             .map(|bytes| {
                 let hex: String = bytes.iter().map(|byte| format!("{byte:02x}")).collect();
                 Arc::from(hex)
             });
-        self.build_ids.insert(file.to_path_buf(), id.clone());
+        self.build_ids.insert(file.key, id.clone());
         id
     }
 
-    /// Forgets a file (it was held open for an exited process and is closed now).
-    pub fn forget_file(&mut self, file: &Path) {
-        if let Some(cache) = self.user.remove(file) {
+    /// Forgets a file no process maps any more (its descriptor is about to close).
+    pub fn forget_file(&mut self, file: &MappedFile) {
+        if let Some(cache) = self.user.remove(&file.key) {
             self.user_entries = self.user_entries.saturating_sub(cache.len());
         }
-        self.build_ids.remove(file);
-        let evict = blazesym::symbolize::evict::Evict::Elf(blazesym::symbolize::evict::Elf::new(file));
+        self.build_ids.remove(&file.key);
+        let evict =
+            blazesym::symbolize::evict::Evict::Elf(blazesym::symbolize::evict::Elf::new(&file.access_path));
         let _ = self.blaze.evict(&evict);
     }
 

@@ -1,0 +1,324 @@
+//! `GET /metrics`: what the daemon is doing, in the Prometheus text format.
+//!
+//! Most values are snapshots of counters kept elsewhere (the BPF maps, the
+//! pipeline's status, the store), so they are encoded at scrape time by a
+//! collector; only HTTP requests are counted here.
+
+use std::fmt;
+
+use axum::{
+    extract::{MatchedPath, Request, State},
+    http::{HeaderValue, header},
+    middleware::Next,
+    response::{IntoResponse, Response},
+};
+use profiler_common::Counter as BpfCounter;
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeMetric},
+    metrics::{
+        MetricType,
+        counter::{ConstCounter, Counter},
+        family::Family,
+        gauge::ConstGauge,
+    },
+    registry::Registry,
+};
+
+use super::{HttpError, ServeState, handlers::store_closed};
+use crate::{collect::MapSizes, pipeline::PipelineStatus, store::StoreStats};
+
+type RequestLabels = Vec<(&'static str, String)>;
+
+/// Requests served, by endpoint and status. Shared by every request.
+#[derive(Clone, Debug, Default)]
+pub struct HttpMetrics {
+    requests: Family<RequestLabels, Counter>,
+}
+
+/// Counts every request by its route (not its raw path: unbounded label
+/// values would be a memory leak an attacker controls) and status.
+pub(super) async fn count_requests(
+    State(state): State<ServeState>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let endpoint = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "other".to_owned(), |path| path.as_str().to_owned());
+    let response = next.run(request).await;
+    let labels = vec![
+        ("endpoint", endpoint),
+        ("status", response.status().as_u16().to_string()),
+    ];
+    state.http_metrics.requests.get_or_create(&labels).inc();
+    response
+}
+
+pub(super) async fn metrics(State(state): State<ServeState>) -> Result<Response, HttpError> {
+    let store = state.pipeline.store().stats().await.map_err(store_closed)?;
+    let watcher = state.pipeline.watcher_stats();
+    let snapshot = Snapshot {
+        status: state.pipeline.status(),
+        store,
+        map_sizes: state.pipeline.map_sizes(),
+        snapshots: watcher.snapshots.load(std::sync::atomic::Ordering::Relaxed),
+        snapshot_failures: watcher
+            .snapshot_failures
+            .load(std::sync::atomic::Ordering::Relaxed),
+    };
+    let mut registry = Registry::with_prefix("profilerd");
+    registry.register(
+        "http_requests",
+        "HTTP requests served, by endpoint and status",
+        state.http_metrics.requests.clone(),
+    );
+    registry.register_collector(Box::new(snapshot));
+    let mut body = String::new();
+    prometheus_client::encoding::text::encode(&mut body, &registry).map_err(|err| {
+        HttpError::new(
+            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+            format!("encoding metrics: {err}"),
+        )
+    })?;
+    let mut response = body.into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+    );
+    Ok(response)
+}
+
+#[derive(Debug)]
+struct Snapshot {
+    status: PipelineStatus,
+    store: StoreStats,
+    map_sizes: MapSizes,
+    snapshots: u64,
+    snapshot_failures: u64,
+}
+
+impl Collector for Snapshot {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
+        let status = &self.status;
+        let bpf = &status.bpf;
+        let out = &mut encoder;
+        counter(
+            out,
+            "samples",
+            "Samples taken by the BPF sampler (all CPUs)",
+            bpf.get(BpfCounter::Samples),
+        )?;
+        counter(
+            out,
+            "idle_samples",
+            "Samples of the idle task, not recorded",
+            bpf.get(BpfCounter::Idle),
+        )?;
+        let reasons: Vec<_> = BpfCounter::ALL
+            .iter()
+            .filter(|c| c.is_error())
+            .map(|&c| (c.name(), bpf.get(c)))
+            .collect();
+        labelled_counters(
+            out,
+            "samples_lost",
+            "Samples lost or degraded in BPF, by reason (see profiler-common's Counter)",
+            "reason",
+            &reasons,
+        )?;
+        let events: Vec<_> = BpfCounter::ALL
+            .iter()
+            .filter(|c| !c.is_error() && !matches!(c, BpfCounter::Samples | BpfCounter::Idle))
+            .map(|&c| (c.name(), bpf.get(c)))
+            .collect();
+        labelled_counters(
+            out,
+            "sampler_events",
+            "Normal sampler events (no data lost)",
+            "event",
+            &events,
+        )?;
+        let entries = status.map_entries;
+        let sizes = self.map_sizes;
+        labelled_gauges(
+            out,
+            "map_entries",
+            "Entries in a BPF map when its buffer was last drained",
+            "map",
+            &[
+                ("counts", entries.counts as i64),
+                ("user_stacks", entries.user_stacks as i64),
+                ("kernel_stacks", entries.kernel_stacks as i64),
+            ],
+        )?;
+        labelled_gauges(
+            out,
+            "map_capacity",
+            "Capacity of a BPF map (per buffer)",
+            "map",
+            &[
+                ("counts", i64::from(sizes.counts)),
+                ("user_stacks", i64::from(sizes.user_stacks)),
+                ("kernel_stacks", i64::from(sizes.kernel_stacks)),
+            ],
+        )?;
+        counter(out, "drains", "Drains of the BPF maps", status.drains)?;
+        float_counter(
+            out,
+            "drain_seconds",
+            "Time spent draining the BPF maps",
+            status.drain_seconds_total,
+        )?;
+        float_counter(
+            out,
+            "symbolize_seconds",
+            "Time spent symbolizing drained samples",
+            status.symbolize_seconds_total,
+        )?;
+        counter(
+            out,
+            "map_read_errors",
+            "BPF map entries that could not be read or deleted",
+            status.map_read_errors,
+        )?;
+        let resolver = status.symbolizer.resolver;
+        counter(
+            out,
+            "symbol_cache_hits",
+            "Addresses found in the symbol caches",
+            resolver.cache_hits,
+        )?;
+        counter(
+            out,
+            "symbol_cache_misses",
+            "Addresses that had to be symbolized",
+            resolver.cache_misses,
+        )?;
+        counter(
+            out,
+            "symbol_unresolved",
+            "Addresses no symbol was found for (kept as placeholders)",
+            resolver.unresolved,
+        )?;
+        counter(
+            out,
+            "symbol_source_errors",
+            "Binaries or kallsyms that could not be read",
+            resolver.source_errors,
+        )?;
+        let processes = status.symbolizer.processes;
+        gauge(
+            out,
+            "processes_tracked",
+            "Process instances whose mappings are known",
+            processes.tracked as i64,
+        )?;
+        counter(
+            out,
+            "process_snapshots",
+            "Mappings snapshots taken when processes were first sampled",
+            self.snapshots,
+        )?;
+        counter(
+            out,
+            "process_snapshot_failures",
+            "Processes gone or unreadable before their mappings could be read",
+            self.snapshot_failures,
+        )?;
+        counter(
+            out,
+            "process_late_snapshots",
+            "Mappings read at drain time, no early snapshot",
+            processes.late_snapshots,
+        )?;
+        counter(
+            out,
+            "process_missing_snapshots",
+            "Sampled processes whose mappings could not be read",
+            processes.missing_snapshots,
+        )?;
+        counter(
+            out,
+            "process_refreshes",
+            "Mappings re-read after an address fell outside them",
+            processes.refreshes,
+        )?;
+        let store = self.store;
+        gauge(
+            out,
+            "store_bytes",
+            "Approximate memory held by the sample store",
+            store.bytes as i64,
+        )?;
+        gauge(
+            out,
+            "store_buckets",
+            "Buckets (drains) held by the sample store",
+            store.buckets as i64,
+        )?;
+        gauge(
+            out,
+            "store_stacks",
+            "Distinct stacks held by the sample store",
+            store.stacks as i64,
+        )?;
+        labelled_counters(
+            out,
+            "store_samples",
+            "Samples through the store, by fate",
+            "fate",
+            &[
+                ("ingested", store.samples_ingested),
+                ("expired", store.samples_expired),
+                ("evicted", store.samples_evicted),
+            ],
+        )
+    }
+}
+
+fn counter(encoder: &mut DescriptorEncoder, name: &str, help: &str, value: u64) -> fmt::Result {
+    let metric = ConstCounter::new(value);
+    metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
+}
+
+fn float_counter(encoder: &mut DescriptorEncoder, name: &str, help: &str, value: f64) -> fmt::Result {
+    let metric = ConstCounter::new(value);
+    metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
+}
+
+fn gauge(encoder: &mut DescriptorEncoder, name: &str, help: &str, value: i64) -> fmt::Result {
+    let metric = ConstGauge::new(value);
+    metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
+}
+
+fn labelled_gauges(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    label: &str,
+    values: &[(&str, i64)],
+) -> fmt::Result {
+    let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    for (value_label, value) in values {
+        let labels = [(label, *value_label)];
+        ConstGauge::new(*value).encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+fn labelled_counters(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    label: &str,
+    values: &[(&str, u64)],
+) -> fmt::Result {
+    let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+    for (value_label, value) in values {
+        let labels = [(label, *value_label)];
+        ConstCounter::new(*value).encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,323 @@
+//! Faults the daemon must ride out, each checked against what it reports.
+
+use std::{
+    collections::HashSet,
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use profilerd_tests::{
+    Workload, artifacts_dir,
+    daemon::{Daemon, free_port, go_pprof, parse_raw},
+    profilerd_bin, serial,
+};
+
+fn profile_of(daemon: &Daemon, name: &str, query: &str) -> Vec<profilerd_tests::daemon::RawSample> {
+    let file = artifacts_dir().join(name).display().to_string();
+    daemon.fetch_pprof(query, file.as_ref());
+    parse_raw(&go_pprof(&["-raw", &file]))
+}
+
+/// The value of an (unlabelled or labelled) sample in /metrics output.
+fn metric(text: &str, series: &str) -> u64 {
+    text.lines()
+        .find_map(|line| {
+            line.strip_prefix(series)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse::<f64>()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("series {series} missing from /metrics:\n{text}")) as u64
+}
+
+/// Ids of loaded BPF programs (bpftool).
+fn bpf_program_ids() -> HashSet<u64> {
+    let output = Command::new("bpftool")
+        .args(["prog", "show", "--json"])
+        .output()
+        .expect("running bpftool");
+    let json: serde_json::Value = serde_json::from_slice(&output.stdout).expect("bpftool JSON");
+    json.as_array().map_or_else(HashSet::new, |programs| {
+        programs.iter().filter_map(|p| p["id"].as_u64()).collect()
+    })
+}
+
+#[test]
+fn an_exited_process_keeps_its_symbolized_samples() {
+    let _serial = serial();
+    let daemon = Daemon::start(&[]);
+    let split = Workload::spawn(env!("WORKLOAD_SPLIT"), &["2"]);
+    let pid = split.pid();
+    split.wait();
+    std::thread::sleep(Duration::from_secs(2));
+    let raw = profile_of(&daemon, "exited.pb.gz", &format!("/pprof?pid={pid}&seconds=10"));
+    let total: i64 = raw.iter().map(|s| s.values[0]).sum();
+    let hot_a: i64 = raw
+        .iter()
+        .filter(|s| s.functions.iter().any(|f| f == "hot_a"))
+        .map(|s| s.values[0])
+        .sum();
+    assert!(
+        total >= 100,
+        "the exited process's ~200 samples should stay, got {total}"
+    );
+    assert!(
+        hot_a * 100 >= total * 60,
+        "and stay symbolized: hot_a in {hot_a} of {total}"
+    );
+}
+
+#[test]
+fn a_reused_pid_does_not_get_the_old_process_symbols() {
+    let _serial = serial();
+    let daemon = Daemon::start(&[]);
+    let first = Workload::spawn(env!("WORKLOAD_SPLIT"), &["1.5"]);
+    let pid = first.pid();
+    first.wait();
+    // Make the kernel hand out the same pid again.
+    let mut second = None;
+    for _ in 0..50 {
+        std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string())
+            .expect("writing ns_last_pid (root)");
+        let candidate = Workload::spawn(env!("WORKLOAD_ZERO_READER"), &["1.5"]);
+        if candidate.pid() == pid {
+            second = Some(candidate);
+            break;
+        }
+    }
+    let second = second.unwrap_or_else(|| panic!("could not get pid {pid} reused in 50 tries"));
+    second.wait();
+    std::thread::sleep(Duration::from_secs(2));
+    let raw = profile_of(&daemon, "reused.pb.gz", &format!("/pprof?pid={pid}&seconds=20"));
+    let comms: HashSet<&str> = raw.iter().map(|s| s.label("comm")).collect();
+    assert_eq!(
+        comms,
+        HashSet::from(["split", "zero_reader"]),
+        "both processes that had pid {pid}"
+    );
+    for sample in &raw {
+        let has = |name: &str| sample.functions.iter().any(|f| f == name);
+        match sample.label("comm") {
+            "zero_reader" => assert!(
+                !has("hot_a") && !has("hot_b") && !has("middle"),
+                "the second process must not get the first one's symbols: {sample:?}"
+            ),
+            _ => assert!(!has("read_zeros"), "nor the other way round: {sample:?}"),
+        }
+    }
+    let reader: i64 = raw
+        .iter()
+        .filter(|s| s.label("comm") == "zero_reader")
+        .map(|s| s.values[0])
+        .sum();
+    let reading: i64 = raw
+        .iter()
+        .filter(|s| s.label("comm") == "zero_reader" && s.functions.iter().any(|f| f == "read_zeros"))
+        .map(|s| s.values[0])
+        .sum();
+    assert!(
+        reading * 100 >= reader * 80,
+        "the second process symbolizes to its own read_zeros: {reading}/{reader}"
+    );
+}
+
+#[test]
+fn a_binary_deleted_and_replaced_while_it_runs_still_symbolizes() {
+    let _serial = serial();
+    let daemon = Daemon::start(&[]);
+    let dir = std::env::temp_dir().join(format!("profilerd-deleted-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let copy = dir.join("split");
+    std::fs::copy(env!("WORKLOAD_SPLIT"), &copy).expect("copying the workload");
+    let workload = Workload::spawn(copy.to_str().expect("utf-8 path"), &["6"]);
+    std::thread::sleep(Duration::from_secs(1));
+    std::fs::remove_file(&copy).expect("deleting the running binary");
+    // Another program now at the same path.
+    std::fs::copy(env!("WORKLOAD_ZERO_READER"), &copy).expect("replacing the binary");
+    std::thread::sleep(Duration::from_secs(3));
+    let raw = profile_of(
+        &daemon,
+        "deleted.pb.gz",
+        &format!("/pprof?pid={}&seconds=3", workload.pid()),
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    let total: i64 = raw.iter().map(|s| s.values[0]).sum();
+    let hot: i64 = raw
+        .iter()
+        .filter(|s| s.functions.iter().any(|f| f == "hot_a" || f == "hot_b"))
+        .map(|s| s.values[0])
+        .sum();
+    assert!(total > 100, "samples of the workload expected, got {total}");
+    assert!(
+        hot * 100 >= total * 90,
+        "the deleted binary's functions must still resolve: {hot}/{total}"
+    );
+    assert!(
+        raw.iter().all(|s| !s.functions.iter().any(|f| f == "read_zeros")),
+        "the file now at the path is another program; its symbols must not be used"
+    );
+}
+
+#[test]
+fn full_maps_are_counted_in_metrics_and_recovered_from() {
+    let _serial = serial();
+    let daemon = Daemon::start(&["--counts-map-entries", "16", "--frequency", "999"]);
+    {
+        // Many distinct (thread, stack) pairs per drain: more than 16.
+        let _load: Vec<Workload> = vec![
+            Workload::spawn(env!("WORKLOAD_THREADS"), &["3"]),
+            Workload::spawn(env!("WORKLOAD_CPU_SHARES"), &["3"]),
+            Workload::spawn(env!("WORKLOAD_ZERO_READER"), &["3"]),
+            Workload::spawn(env!("WORKLOAD_SPLIT"), &["3"]),
+        ];
+        std::thread::sleep(Duration::from_secs(3));
+    }
+    let metrics = daemon.get("/metrics").text();
+    let lost = metric(
+        &metrics,
+        "profilerd_samples_lost_total{reason=\"counts_map_full\"}",
+    );
+    assert!(
+        lost > 0,
+        "a 16-entry counts map under this load must lose samples, and say so:\n{metrics}"
+    );
+
+    // Recovery: with the load gone, a single busy process is recorded in full.
+    let split = Workload::spawn(env!("WORKLOAD_SPLIT"), &["4"]);
+    std::thread::sleep(Duration::from_secs(3));
+    let raw = profile_of(
+        &daemon,
+        "recovered.pb.gz",
+        &format!("/pprof?pid={}&seconds=2", split.pid()),
+    );
+    let samples: i64 = raw.iter().map(|s| s.values[0]).sum();
+    let cpu_ns: i64 = raw.iter().map(|s| s.values[1]).sum();
+    let ratio = (samples * (1_000_000_000 / 999)) as f64 / cpu_ns.max(1) as f64;
+    assert!(
+        samples > 500,
+        "after the load, ~2000 samples of the busy process expected, got {samples}"
+    );
+    assert!(
+        (0.85..=1.15).contains(&ratio),
+        "no loss once the maps have room: samples × period / CPU = {ratio:.2}"
+    );
+}
+
+#[test]
+fn kill_9_leaves_nothing_attached_and_a_restart_is_clean() {
+    let _serial = serial();
+    let before = bpf_program_ids();
+    let daemon = Daemon::start(&[]);
+    let ours: HashSet<u64> = bpf_program_ids().difference(&before).copied().collect();
+    assert!(
+        ours.len() >= 3,
+        "the daemon's programs (sample, on_exec, on_exit) should be loaded: {ours:?}"
+    );
+    let addr = daemon.addr.clone();
+    let pid = daemon.pid();
+    std::mem::forget(daemon);
+    // SAFETY-free: kill(1) as a process.
+    let status = Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .expect("kill -9");
+    assert!(status.success());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !bpf_program_ids().is_disjoint(&ours) {
+        assert!(
+            Instant::now() < deadline,
+            "programs {ours:?} still loaded 5 s after kill -9"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Reap the killed child (it was ours).
+    let _ = Command::new("true").status();
+    let restarted = Daemon::start(&[]);
+    assert_eq!(
+        restarted.get("/pprof?seconds=1").status,
+        200,
+        "the restarted daemon serves (old address was {addr})"
+    );
+}
+
+#[test]
+fn a_second_daemon_on_the_same_port_fails_and_the_first_keeps_serving() {
+    let _serial = serial();
+    let first = Daemon::start(&[]);
+    let started = Instant::now();
+    let second = Command::new(profilerd_bin())
+        .args(["--listen", &first.addr])
+        .stderr(Stdio::piped())
+        .output()
+        .expect("running a second profilerd");
+    assert!(!second.status.success(), "the second daemon must exit non-zero");
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert!(
+        stderr.contains(&first.addr) && stderr.to_lowercase().contains("in use"),
+        "it should say the address is taken: {stderr}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(5), "and say it at once");
+    assert_eq!(
+        first.get("/pprof?seconds=1").status,
+        200,
+        "the first keeps serving"
+    );
+}
+
+#[test]
+fn sigterm_under_load_exits_0_within_5_seconds() {
+    let _serial = serial();
+    let daemon = Daemon::start(&["--frequency", "999"]);
+    let _a = Workload::spawn(env!("WORKLOAD_THREADS"), &["20"]);
+    let _b = Workload::spawn(env!("WORKLOAD_ZERO_READER"), &["20"]);
+    std::thread::sleep(Duration::from_secs(2));
+    let url = daemon.url("/debug/pprof/profile?seconds=30");
+    let waiting: Vec<_> = (0..4)
+        .map(|_| {
+            let url = url.clone();
+            std::thread::spawn(move || {
+                let agent: ureq::Agent = ureq::Agent::config_builder()
+                    .http_status_as_error(false)
+                    .build()
+                    .into();
+                agent.get(&url).call().map(|response| response.status().as_u16())
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(1));
+    let started = Instant::now();
+    let status = daemon.stop();
+    let took = started.elapsed();
+    assert!(status.success(), "SIGTERM must exit 0, got {status}");
+    assert!(took < Duration::from_secs(5), "SIGTERM took {took:?}");
+    for request in waiting {
+        let answer = request.join().expect("request thread");
+        assert!(
+            matches!(answer, Ok(200)),
+            "in-flight profiles are finished, not cut: {answer:?}"
+        );
+    }
+}
+
+#[test]
+fn a_churn_of_vanishing_processes_is_counted_and_survived() {
+    let _serial = serial();
+    let daemon = Daemon::start(&["--frequency", "999"]);
+    let churn = Command::new("sh")
+        .args(["-c", "i=0; while [ $i -lt 400 ]; do /bin/true; i=$((i+1)); done"])
+        .status()
+        .expect("running the churn");
+    assert!(churn.success());
+    std::thread::sleep(Duration::from_secs(2));
+    let metrics = daemon.get("/metrics").text();
+    let snapshots = metric(&metrics, "profilerd_process_snapshots_total");
+    let failures = metric(&metrics, "profilerd_process_snapshot_failures_total");
+    assert!(snapshots + failures > 0, "new processes were seen:\n{metrics}");
+    assert_eq!(
+        daemon.get("/pprof?seconds=5").status,
+        200,
+        "still serving after the churn"
+    );
+    let _ = free_port();
+}
