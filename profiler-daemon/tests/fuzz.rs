@@ -51,8 +51,8 @@ proptest! {
             match parsed {
                 Ok(params) => {
                     prop_assert!((1..=LIMITS.max_seconds).contains(&params.seconds), "{query:?} -> {params:?}");
-                    prop_assert!(params.filter.pids.iter().all(|&pid| pid >= 1 && pid <= LIMITS.pid_max), "{query:?}");
-                    prop_assert!(params.filter.tids.iter().all(|&tid| tid >= 1 && tid <= LIMITS.pid_max), "{query:?}");
+                    prop_assert!(params.filter.pids.iter().all(|pid| (1..=LIMITS.pid_max).contains(pid)), "{query:?}");
+                    prop_assert!(params.filter.tids.iter().all(|tid| (1..=LIMITS.pid_max).contains(tid)), "{query:?}");
                 }
                 Err(err) => {
                     let message = err.to_string();
