@@ -321,3 +321,89 @@ fn a_churn_of_vanishing_processes_is_counted_and_survived() {
     );
     let _ = free_port();
 }
+
+/// Generates (once, cached) a C program with thousands of functions and
+/// types: megabytes of DWARF for the symbolizer to chew on.
+fn large_binary() -> std::path::PathBuf {
+    const FUNCTIONS: usize = 8000;
+    let dir = std::env::temp_dir().join("profilerd-large-binary");
+    let binary = dir.join(format!("large-{FUNCTIONS}"));
+    if binary.exists() {
+        return binary;
+    }
+    std::fs::create_dir_all(&dir).expect("cache dir");
+    let mut source = String::from(
+        "#include <stdint.h>\n#include <stdlib.h>\n#include <time.h>\nvolatile uint64_t sink;\n",
+    );
+    for i in 0..FUNCTIONS {
+        source.push_str(&format!(
+            "struct s{i} {{ int a{i}; long b{i}; double c{i}; }};\n\
+             __attribute__((noinline)) uint64_t f{i}(uint64_t x) {{ struct s{i} v = {{(int)x, (long)x, 1.0}}; \
+             for (int k = 0; k < 200; k++) x = x * 3 + v.a{i} + v.b{i}; return x; }}\n"
+        ));
+    }
+    let table: Vec<String> = (0..FUNCTIONS).map(|i| format!("f{i}")).collect();
+    source.push_str(&format!(
+        "static uint64_t (*table[])(uint64_t) = {{{}}};\n\
+         int main(int argc, char **argv) {{ double secs = argc > 1 ? atof(argv[1]) : 5; struct timespec t; \
+         clock_gettime(CLOCK_MONOTONIC, &t); double end = t.tv_sec + t.tv_nsec / 1e9 + secs; uint64_t x = 1; \
+         for (;;) {{ for (int i = 0; i < {FUNCTIONS}; i++) x = table[i](x); clock_gettime(CLOCK_MONOTONIC, &t); \
+         if (t.tv_sec + t.tv_nsec / 1e9 > end) break; }} sink = x; return 0; }}\n",
+        table.join(",")
+    ));
+    let source_path = dir.join("large.c");
+    std::fs::write(&source_path, source).expect("writing the generated source");
+    let partial = dir.join("large.partial");
+    let status = Command::new("cc")
+        .args(["-O0", "-g", "-fno-omit-frame-pointer", "-o"])
+        .arg(&partial)
+        .arg(&source_path)
+        .status()
+        .expect("running cc");
+    assert!(status.success(), "compiling the large binary failed");
+    std::fs::rename(&partial, &binary).expect("caching the large binary");
+    binary
+}
+
+#[test]
+fn symbolizing_a_large_binary_does_not_stall_scrapes() {
+    let _serial = serial();
+    let binary = large_binary();
+    let daemon = Daemon::start(&["--frequency", "999"]);
+    // Scrape while the symbolizer first meets the binary's debug info.
+    let workload = Workload::spawn(binary.to_str().expect("utf-8 path"), &["6"]);
+    let mut slowest = Duration::ZERO;
+    for _ in 0..8 {
+        let started = Instant::now();
+        let response = daemon.get("/pprof?seconds=2");
+        slowest = slowest.max(started.elapsed());
+        assert_eq!(response.status, 200, "{}", response.text());
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    // A liveness bound, not a speed target: a scrape waits at most 2 s for
+    // the symbolizer before answering with what the store holds.
+    assert!(
+        slowest < Duration::from_secs(6),
+        "a scrape stalled for {slowest:?}"
+    );
+    let raw = profile_of(
+        &daemon,
+        "large.pb.gz",
+        &format!("/pprof?pid={}&seconds=5", workload.pid()),
+    );
+    let total: i64 = raw.iter().map(|s| s.values[0]).sum();
+    let named: i64 = raw
+        .iter()
+        .filter(|s| {
+            s.functions
+                .first()
+                .is_some_and(|f| f.starts_with('f') && f[1..].chars().all(|c| c.is_ascii_digit()))
+        })
+        .map(|s| s.values[0])
+        .sum();
+    assert!(
+        total > 0 && named * 100 >= total * 80,
+        "the large binary's functions f<N> resolve: {named}/{total}"
+    );
+    eprintln!("slowest scrape while symbolizing the large binary: {slowest:?}");
+}
