@@ -72,10 +72,10 @@ pub async fn run(args: RecordArgs) -> Result<(), RecordError> {
         args.output.display().to_string()
     };
     eprintln!(
-        "profilerd record: {} samples{} written to {destination} ({:?}, {frequency} Hz on {cpus} CPUs)",
+        "profilerd record: {} samples{} written to {destination} ({}, {frequency} Hz on {cpus} CPUs)",
         profile.total_samples(),
         if interrupted { " (interrupted)" } else { "" },
-        args.format,
+        clap::ValueEnum::to_possible_value(&args.format).map_or_else(String::new, |value| value.get_name().to_owned()),
     );
     eprintln!("profilerd record: {}", counters_summary(&status));
     Ok(())
