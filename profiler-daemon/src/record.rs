@@ -75,7 +75,8 @@ pub async fn run(args: RecordArgs) -> Result<(), RecordError> {
         "profilerd record: {} samples{} written to {destination} ({}, {frequency} Hz on {cpus} CPUs)",
         profile.total_samples(),
         if interrupted { " (interrupted)" } else { "" },
-        clap::ValueEnum::to_possible_value(&args.format).map_or_else(String::new, |value| value.get_name().to_owned()),
+        clap::ValueEnum::to_possible_value(&args.format)
+            .map_or_else(String::new, |value| value.get_name().to_owned()),
     );
     eprintln!("profilerd record: {}", counters_summary(&status));
     Ok(())
