@@ -72,6 +72,8 @@ pub enum Format {
     Folded,
     /// Gzipped pprof protobuf (go tool pprof, Parca, Pyroscope, speedscope).
     Pprof,
+    /// An interactive SVG flame graph.
+    Svg,
 }
 
 #[derive(Debug, Clone, Args)]

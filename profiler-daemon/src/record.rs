@@ -7,7 +7,7 @@ use profiler_common::Counter;
 use crate::{
     cli::{Format, RecordArgs},
     pipeline::{Pipeline, PipelineError, PipelineStatus},
-    profile::{Profile, folded, pprof},
+    profile::{Profile, flamegraph, folded, pprof},
     store::{Filter, Query, StoreConfig, Window},
 };
 
@@ -65,7 +65,7 @@ pub async fn run(args: RecordArgs) -> Result<(), RecordError> {
     let (cpus, frequency) = (pipeline.cpus(), pipeline.frequency());
     pipeline.shutdown().await;
 
-    write_output(&args.output, args.format, &profile)?;
+    write_output(&args.output, args.format, &args.pids, &profile)?;
     let destination = if args.output == Path::new("-") {
         "standard output".to_owned()
     } else {
@@ -82,12 +82,13 @@ pub async fn run(args: RecordArgs) -> Result<(), RecordError> {
     Ok(())
 }
 
-fn write_output(path: &Path, format: Format, profile: &Profile) -> Result<(), RecordError> {
+fn write_output(path: &Path, format: Format, pids: &[u32], profile: &Profile) -> Result<(), RecordError> {
     let write = |out: &mut dyn Write| -> std::io::Result<()> {
         let mut out = std::io::BufWriter::new(out);
         match format {
             Format::Folded => folded::write(profile, &mut out)?,
             Format::Pprof => out.write_all(&pprof::encode_gzip(profile)?)?,
+            Format::Svg => flamegraph::write(profile, &svg_title(pids, profile), false, &mut out)?,
         }
         out.flush()
     };
@@ -100,6 +101,22 @@ fn write_output(path: &Path, format: Format, profile: &Profile) -> Result<(), Re
         path: path.display().to_string(),
         source,
     })
+}
+
+/// The flame graph's title: which processes, how long.
+fn svg_title(pids: &[u32], profile: &Profile) -> String {
+    let who = if pids.is_empty() {
+        "all processes".to_owned()
+    } else {
+        format!(
+            "pid {}",
+            pids.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+        )
+    };
+    format!(
+        "CPU: {who} — {:.1} s recorded by profilerd",
+        profile.window.duration_ms() as f64 / 1000.0
+    )
 }
 
 /// `bpf counters: samples=N idle=N ... errors=N` (key=value pairs, stable names).

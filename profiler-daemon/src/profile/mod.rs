@@ -1,8 +1,10 @@
 //! Stage 4's input: a [`Profile`] (what the store answers) and the formats it
 //! is written in.
 
+pub mod flamegraph;
 pub mod folded;
 pub mod pprof;
+pub mod top;
 
 use crate::{store::Window, symbolize::SymbolizedSample};
 

@@ -5,6 +5,7 @@
 //!   returns that window only.
 //! - `GET /threads?pid=&seconds=`: CPU time per thread and process, JSON.
 //! - `GET /metrics`: Prometheus metrics of the daemon itself.
+//! - `GET /`, `/flamegraph.svg`, `/top`, `/folded`: views for people.
 //! - The other Go profile endpoints answer 404 at once, so scrapers that ask
 //!   for them by default (Parca) move on.
 //!
@@ -15,6 +16,7 @@ mod handlers;
 pub mod metrics;
 pub mod params;
 pub mod threads;
+pub mod views;
 
 use std::{future::Future, sync::Arc, time::Duration};
 
@@ -58,7 +60,11 @@ pub fn router(state: ServeState) -> Router {
         .route("/pprof", get(handlers::pprof))
         .route("/debug/pprof/profile", get(handlers::go_profile))
         .route("/threads", get(threads::threads))
-        .route("/metrics", get(metrics::metrics));
+        .route("/metrics", get(metrics::metrics))
+        .route("/", get(views::index))
+        .route("/flamegraph.svg", get(views::flamegraph_svg))
+        .route("/top", get(views::top_table))
+        .route("/folded", get(views::folded_stacks));
     for name in handlers::UNSUPPORTED_GO_PROFILES {
         router = router.route(&format!("/debug/pprof/{name}"), any(handlers::unsupported));
     }

@@ -73,14 +73,24 @@ impl fmt::Display for Quoted {
 /// `/pprof`: strict. Unknown parameters and bad seconds are errors; seconds
 /// defaults to [`DEFAULT_SECONDS`] (or the retention if that is shorter).
 pub fn parse_pprof(query: Option<&str>, limits: &Limits) -> Result<ProfileParams, ParamError> {
-    parse(query, limits, Mode::Strict)
+    parse(query, limits, Mode::Strict, &[]).map(|(params, _)| params)
+}
+
+/// As [`parse_pprof`], plus the endpoint's own `options` (each at most once),
+/// returned as (name, value) for the endpoint to validate.
+pub fn parse_with_options(
+    query: Option<&str>,
+    limits: &Limits,
+    options: &[&'static str],
+) -> Result<(ProfileParams, Vec<(&'static str, String)>), ParamError> {
+    parse(query, limits, Mode::Strict, options)
 }
 
 /// `/debug/pprof/profile`: as Go's handler, a missing, unparsable or
 /// non-positive `seconds` means 30, and unknown parameters are ignored;
 /// seconds beyond the retention and bad filters are still errors.
 pub fn parse_go_profile(query: Option<&str>, limits: &Limits) -> Result<ProfileParams, ParamError> {
-    parse(query, limits, Mode::Go)
+    parse(query, limits, Mode::Go, &[]).map(|(params, _)| params)
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -89,7 +99,13 @@ enum Mode {
     Go,
 }
 
-fn parse(query: Option<&str>, limits: &Limits, mode: Mode) -> Result<ProfileParams, ParamError> {
+fn parse(
+    query: Option<&str>,
+    limits: &Limits,
+    mode: Mode,
+    options: &[&'static str],
+) -> Result<(ProfileParams, Vec<(&'static str, String)>), ParamError> {
+    let mut chosen: Vec<(&'static str, String)> = Vec::new();
     let query = query.unwrap_or_default();
     if query.len() > MAX_QUERY_BYTES {
         return Err(ParamError::TooLong { len: query.len() });
@@ -114,17 +130,30 @@ fn parse(query: Option<&str>, limits: &Limits, mode: Mode) -> Result<ProfilePara
                 Mode::Go => seconds = Some(parse_go_seconds(&value, limits)?),
             },
             _ if mode == Mode::Go => {}
-            _ => return Err(ParamError::Unknown(Quoted::new(&name))),
+            other => match options.iter().find(|option| **option == other) {
+                Some(&option) if chosen.iter().any(|(seen, _)| *seen == option) => {
+                    return Err(ParamError::Invalid {
+                        name: option,
+                        value: Quoted::new(&value),
+                        expected: "a single value".to_owned(),
+                    });
+                }
+                Some(&option) => chosen.push((option, value.into_owned())),
+                None => return Err(ParamError::Unknown(Quoted::new(&name))),
+            },
         }
     }
     let default = match mode {
         Mode::Strict => DEFAULT_SECONDS,
         Mode::Go => GO_DEFAULT_SECONDS,
     };
-    Ok(ProfileParams {
-        seconds: seconds.unwrap_or(default.min(limits.max_seconds)),
-        filter,
-    })
+    Ok((
+        ProfileParams {
+            seconds: seconds.unwrap_or(default.min(limits.max_seconds)),
+            filter,
+        },
+        chosen,
+    ))
 }
 
 /// One value of a repeatable id parameter: `1,2,3`.

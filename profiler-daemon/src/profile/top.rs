@@ -1,0 +1,196 @@
+//! The hottest functions, like `perf report --no-children` plus inclusive
+//! columns: self = the sample's leaf function, total = anywhere in its stack
+//! (once per sample, however deep the recursion).
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+
+use super::Profile;
+use crate::symbolize::FrameKind;
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct FunctionCost {
+    /// The function's name; kernel functions end in ` [k]`.
+    pub name: String,
+    /// Samples whose leaf is this function.
+    #[serde(rename = "self")]
+    pub self_samples: u64,
+    /// Samples with this function anywhere in their stack.
+    #[serde(rename = "total")]
+    pub total_samples: u64,
+    pub self_cpu_ns: u64,
+    pub total_cpu_ns: u64,
+}
+
+/// Functions sorted by self samples (then total, then name), at most `limit`.
+pub fn top(profile: &Profile, limit: usize) -> Vec<FunctionCost> {
+    let mut costs: HashMap<String, FunctionCost> = HashMap::new();
+    let mut seen: Vec<String> = Vec::new();
+    for sample in &profile.samples {
+        seen.clear();
+        let frames = sample.stack.frames_root_first().collect::<Vec<_>>();
+        for (index, (name, kind, _)) in frames.iter().enumerate() {
+            let name = display_name(name, *kind);
+            let cost = costs.entry(name.clone()).or_insert_with(|| FunctionCost {
+                name: name.clone(),
+                ..FunctionCost::default()
+            });
+            if index + 1 == frames.len() {
+                cost.self_samples += sample.count;
+                cost.self_cpu_ns += sample.cpu_ns;
+            }
+            if !seen.contains(&name) {
+                cost.total_samples += sample.count;
+                cost.total_cpu_ns += sample.cpu_ns;
+                seen.push(name);
+            }
+        }
+    }
+    let mut costs: Vec<FunctionCost> = costs.into_values().collect();
+    costs.sort_by(|a, b| {
+        b.self_samples
+            .cmp(&a.self_samples)
+            .then(b.total_samples.cmp(&a.total_samples))
+            .then(a.name.cmp(&b.name))
+    });
+    costs.truncate(limit);
+    costs
+}
+
+fn display_name(name: &str, kind: FrameKind) -> String {
+    match kind {
+        FrameKind::Kernel => format!("{name} [k]"),
+        FrameKind::User => name.to_owned(),
+    }
+}
+
+/// A text table, `perf report` style.
+pub fn table(profile: &Profile, costs: &[FunctionCost]) -> String {
+    let total: u64 = profile.total_samples().max(1);
+    let mut out = format!(
+        "# {} samples; self = leaf function, total = anywhere in the stack\n{:>8} {:>8} {:>8} {:>8}  {}\n",
+        profile.total_samples(),
+        "self%",
+        "total%",
+        "self",
+        "total",
+        "function"
+    );
+    for cost in costs {
+        out.push_str(&format!(
+            "{:>7.2}% {:>7.2}% {:>8} {:>8}  {}\n",
+            cost.self_samples as f64 * 100.0 / total as f64,
+            cost.total_samples as f64 * 100.0 / total as f64,
+            cost.self_samples,
+            cost.total_samples,
+            cost.name
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::{
+        store::Window,
+        symbolize::{Function, Line, Location, SymbolizedSample, SymbolizedStack},
+    };
+
+    fn stack(frames: &[(&str, FrameKind)]) -> Arc<SymbolizedStack> {
+        // Leaf first, as the symbolizer builds them.
+        Arc::new(SymbolizedStack {
+            locations: frames
+                .iter()
+                .map(|(name, kind)| Location {
+                    kind: *kind,
+                    address: 0,
+                    mapping: None,
+                    lines: Arc::new([Line {
+                        function: Arc::new(Function {
+                            name: (*name).into(),
+                            system_name: (*name).into(),
+                            filename: None,
+                        }),
+                        line: 0,
+                    }]),
+                    resolved: true,
+                })
+                .collect(),
+        })
+    }
+
+    fn profile(samples: Vec<(Arc<SymbolizedStack>, u64)>) -> Profile {
+        Profile {
+            window: Window::ALL,
+            frequency: 99,
+            samples: samples
+                .into_iter()
+                .map(|(stack, count)| SymbolizedSample {
+                    pid: 1,
+                    tid: 1,
+                    comm: "w".into(),
+                    thread_name: "w".into(),
+                    stack,
+                    count,
+                    cpu_ns: count * 10,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn self_is_the_leaf_total_is_anywhere_once_per_sample() {
+        use FrameKind::{Kernel, User};
+        let profile = profile(vec![
+            (stack(&[("hot_a", User), ("middle", User), ("main", User)]), 3),
+            (
+                stack(&[
+                    ("read_zero", Kernel),
+                    ("recurse", User),
+                    ("recurse", User),
+                    ("main", User),
+                ]),
+                2,
+            ),
+        ]);
+        let costs = top(&profile, 10);
+        let get = |name: &str| costs.iter().find(|c| c.name == name).cloned().unwrap_or_default();
+        assert_eq!(costs[0].name, "hot_a", "sorted by self: {costs:?}");
+        assert_eq!((get("hot_a").self_samples, get("hot_a").total_samples), (3, 3));
+        assert_eq!(
+            (
+                get("main").self_samples,
+                get("main").total_samples,
+                get("main").total_cpu_ns
+            ),
+            (0, 5, 50)
+        );
+        assert_eq!(
+            get("recurse").total_samples,
+            2,
+            "recursion counts once per sample"
+        );
+        assert_eq!(get("read_zero [k]").self_samples, 2, "kernel frames are marked");
+        assert_eq!(top(&profile, 2).len(), 2, "limit applies");
+    }
+
+    #[test]
+    fn json_names_follow_the_documented_schema() {
+        let cost = FunctionCost {
+            name: "f".into(),
+            self_samples: 1,
+            total_samples: 2,
+            self_cpu_ns: 3,
+            total_cpu_ns: 4,
+        };
+        let json = serde_json::to_value(&cost).expect("serializable");
+        assert_eq!(
+            json,
+            serde_json::json!({"name": "f", "self": 1, "total": 2, "self_cpu_ns": 3, "total_cpu_ns": 4})
+        );
+    }
+}
