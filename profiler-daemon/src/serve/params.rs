@@ -70,6 +70,9 @@ impl fmt::Display for Quoted {
     }
 }
 
+/// An endpoint's own parameters as (name, value), for it to validate.
+pub type EndpointOptions = Vec<(&'static str, String)>;
+
 /// `/pprof`: strict. Unknown parameters and bad seconds are errors; seconds
 /// defaults to [`DEFAULT_SECONDS`] (or the retention if that is shorter).
 pub fn parse_pprof(query: Option<&str>, limits: &Limits) -> Result<ProfileParams, ParamError> {
@@ -82,7 +85,7 @@ pub fn parse_with_options(
     query: Option<&str>,
     limits: &Limits,
     options: &[&'static str],
-) -> Result<(ProfileParams, Vec<(&'static str, String)>), ParamError> {
+) -> Result<(ProfileParams, EndpointOptions), ParamError> {
     parse(query, limits, Mode::Strict, options)
 }
 
@@ -104,8 +107,8 @@ fn parse(
     limits: &Limits,
     mode: Mode,
     options: &[&'static str],
-) -> Result<(ProfileParams, Vec<(&'static str, String)>), ParamError> {
-    let mut chosen: Vec<(&'static str, String)> = Vec::new();
+) -> Result<(ProfileParams, EndpointOptions), ParamError> {
+    let mut chosen = EndpointOptions::new();
     let query = query.unwrap_or_default();
     if query.len() > MAX_QUERY_BYTES {
         return Err(ParamError::TooLong { len: query.len() });
