@@ -29,6 +29,11 @@ pub struct Cli {
 pub enum Command {
     /// Record a profile for a while and write it to a file, like `perf record`.
     Record(RecordArgs),
+    /// Check a config file and print the settings it results in.
+    CheckConfig {
+        /// The TOML file, e.g. /etc/profilerd/profilerd.toml.
+        file: PathBuf,
+    },
 }
 
 #[derive(Debug, Clone, Args)]
@@ -52,6 +57,10 @@ pub struct SamplingArgs {
 
 #[derive(Debug, Clone, Args)]
 pub struct DaemonArgs {
+    /// Settings file (TOML); flags given here override it. Default:
+    /// /etc/profilerd/profilerd.toml when it exists.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
     /// Address of the HTTP server. Profiles reveal code and process names:
     /// keep it on loopback unless a proxy guards it.
     #[arg(long, default_value = "127.0.0.1:7040")]

@@ -42,6 +42,11 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     };
     let pipeline = Arc::new(Pipeline::start(args.sampling.pipeline_options(store))?);
     tracing::info!(listen = %address, "profilerd running: http://{address}/pprof?seconds=10");
+    // Under systemd (Type=notify): ready only now, with the programs attached
+    // and the listener bound. Without NOTIFY_SOCKET this does nothing.
+    if let Err(err) = sd_notify::notify(&[sd_notify::NotifyState::Ready]) {
+        tracing::warn!("telling systemd we are ready failed: {err}");
+    }
     let served = serve::serve(
         listener,
         ServeState::new(pipeline.clone(), retention),
@@ -49,6 +54,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     )
     .await;
     tracing::info!("stopping");
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
     shutdown(pipeline).await;
     served.map_err(DaemonError::Serve)
 }

@@ -15,6 +15,7 @@
 
 pub mod cli;
 pub mod collect;
+pub mod config;
 pub mod daemon;
 pub mod pipeline;
 pub mod profile;

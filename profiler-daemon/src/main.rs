@@ -1,16 +1,44 @@
-use std::process::ExitCode;
+use std::{io::IsTerminal, process::ExitCode};
 
-use clap::Parser;
-use profilerd::cli::{Cli, Command};
+use clap::{CommandFactory, FromArgMatches};
+use profilerd::{
+    cli::{Cli, Command},
+    config::{self, Config},
+};
 use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let mut cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(err) => err.exit(),
+    };
     let default_level = if cli.command.is_some() { "warn" } else { "info" };
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        // journald keeps the text; escape codes would only clutter it.
+        .with_ansi(std::io::stderr().is_terminal())
         .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level)))
         .init();
+    if let Some(Command::CheckConfig { file }) = &cli.command {
+        return match Config::load(file) {
+            Ok(config) => {
+                config.apply(&mut cli.daemon, &matches);
+                print!("{}", config::describe(&cli.daemon));
+                ExitCode::SUCCESS
+            }
+            Err(err) => {
+                eprintln!("profilerd: {err}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    if cli.command.is_none()
+        && let Err(err) = apply_config_file(&mut cli, &matches)
+    {
+        eprintln!("profilerd: {err}");
+        return ExitCode::FAILURE;
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -25,6 +53,7 @@ fn main() -> ExitCode {
     let result: anyhow::Result<()> = runtime.block_on(async {
         match cli.command {
             Some(Command::Record(args)) => Ok(profilerd::record::run(args).await?),
+            Some(Command::CheckConfig { .. }) => Ok(()),
             None => Ok(profilerd::daemon::run(cli.daemon).await?),
         }
     });
@@ -35,4 +64,18 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The daemon's config file: the one named by --config (which must exist),
+/// else the default path if present.
+fn apply_config_file(cli: &mut Cli, matches: &clap::ArgMatches) -> Result<(), config::ConfigError> {
+    let path = match &cli.daemon.config {
+        Some(path) => path.clone(),
+        None if std::path::Path::new(config::DEFAULT_PATH).exists() => config::DEFAULT_PATH.into(),
+        None => return Ok(()),
+    };
+    let config = Config::load(&path)?;
+    config.apply(&mut cli.daemon, matches);
+    tracing::info!(path = %path.display(), "configuration loaded");
+    Ok(())
 }
