@@ -47,6 +47,10 @@ pub async fn run(args: RecordArgs) -> Result<(), RecordError> {
         _ = tokio::signal::ctrl_c() => true,
     };
     let until_ms = pipeline.drain_now().await?;
+    let filter = Filter {
+        pids: args.pids.clone(),
+        ..Filter::default()
+    };
     let profile = pipeline
         .store()
         .query(Query {
@@ -55,17 +59,14 @@ pub async fn run(args: RecordArgs) -> Result<(), RecordError> {
                 start_ms: started_ms,
                 end_ms: until_ms.saturating_add(1),
             },
-            filter: Filter {
-                pids: args.pids.clone(),
-                ..Filter::default()
-            },
+            filter: filter.clone(),
         })
         .await?;
     let status = pipeline.status();
     let (cpus, frequency) = (pipeline.cpus(), pipeline.frequency());
     pipeline.shutdown().await;
 
-    write_output(&args.output, args.format, &args.pids, &profile)?;
+    write_output(&args.output, args.format, &filter, &profile)?;
     let destination = if args.output == Path::new("-") {
         "standard output".to_owned()
     } else {
@@ -82,13 +83,16 @@ pub async fn run(args: RecordArgs) -> Result<(), RecordError> {
     Ok(())
 }
 
-fn write_output(path: &Path, format: Format, pids: &[u32], profile: &Profile) -> Result<(), RecordError> {
+fn write_output(path: &Path, format: Format, filter: &Filter, profile: &Profile) -> Result<(), RecordError> {
     let write = |out: &mut dyn Write| -> std::io::Result<()> {
         let mut out = std::io::BufWriter::new(out);
         match format {
             Format::Folded => folded::write(profile, &mut out)?,
             Format::Pprof => out.write_all(&pprof::encode_gzip(profile)?)?,
-            Format::Svg => flamegraph::write(profile, &svg_title(pids, profile), false, &mut out)?,
+            Format::Svg => {
+                let title = flamegraph::title(filter, &profile.window);
+                flamegraph::write(profile, &title, false, &mut out)?;
+            }
         }
         out.flush()
     };
@@ -101,22 +105,6 @@ fn write_output(path: &Path, format: Format, pids: &[u32], profile: &Profile) ->
         path: path.display().to_string(),
         source,
     })
-}
-
-/// The flame graph's title: which processes, how long.
-fn svg_title(pids: &[u32], profile: &Profile) -> String {
-    let who = if pids.is_empty() {
-        "all processes".to_owned()
-    } else {
-        format!(
-            "pid {}",
-            pids.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
-        )
-    };
-    format!(
-        "CPU: {who} — {:.1} s recorded by profilerd",
-        profile.window.duration_ms() as f64 / 1000.0
-    )
 }
 
 /// `bpf counters: samples=N idle=N ... errors=N` (key=value pairs, stable names).

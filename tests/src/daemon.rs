@@ -85,6 +85,16 @@ impl Daemon {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
+        // The listener is bound before the BPF programs load; the first answer
+        // comes once the sampler is attached.
+        let ready = daemon.get("/metrics");
+        assert_eq!(
+            ready.status,
+            200,
+            "profilerd on {} did not become ready: {}",
+            daemon.addr,
+            ready.text()
+        );
         daemon
     }
 

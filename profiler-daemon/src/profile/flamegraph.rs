@@ -5,9 +5,11 @@ use std::io;
 use inferno::flamegraph::{self, Direction, Options, color::MultiPalette};
 
 use super::{Profile, folded};
+use crate::store::{Filter, Window};
 
 /// Writes `profile` as an SVG flame graph (an icicle graph if `icicle`).
 /// Kernel frames (`_[k]`) are orange, C++/Rust `::` names yellow, others red.
+/// Every name is escaped by inferno: they come from arbitrary processes.
 pub fn write(profile: &Profile, title: &str, icicle: bool, out: &mut impl io::Write) -> io::Result<()> {
     let lines = folded::folded_lines(profile);
     if lines.is_empty() {
@@ -19,13 +21,66 @@ pub fn write(profile: &Profile, title: &str, icicle: bool, out: &mut impl io::Wr
         .collect();
     let mut options = Options::default();
     options.title = title.to_owned();
+    // The perl palette keys on the `_[k]` suffix folded lines carry.
     options.colors = flamegraph::color::Palette::Multi(MultiPalette::Perl);
     options.count_name = "samples".to_owned();
+    // Colours follow names, so one function keeps its colour across refreshes.
     options.hash = true;
     if icicle {
         options.direction = Direction::Inverted;
     }
     flamegraph::from_lines(&mut options, lines.iter().map(String::as_str), out)
+}
+
+/// "CPU: pid 42, comm nginx — 10.0 s from 2026-11-22 12:00:00 UTC": which
+/// processes and which window.
+pub fn title(filter: &Filter, window: &Window) -> String {
+    let list = |ids: &[u32]| ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+    let mut who = Vec::new();
+    if !filter.pids.is_empty() {
+        who.push(format!("pid {}", list(&filter.pids)));
+    }
+    if !filter.tids.is_empty() {
+        who.push(format!("tid {}", list(&filter.tids)));
+    }
+    if !filter.comms.is_empty() {
+        who.push(format!("comm {}", filter.comms.join(",")));
+    }
+    let who = if who.is_empty() {
+        "all processes".to_owned()
+    } else {
+        who.join(", ")
+    };
+    let seconds = window.duration_ms() as f64 / 1000.0;
+    format!(
+        "CPU: {who} — {seconds:.1} s from {}",
+        utc_time(window.start_ms / 1000)
+    )
+}
+
+/// `YYYY-MM-DD hh:mm:ss UTC` for seconds since the epoch.
+fn utc_time(seconds: u64) -> String {
+    let (days, rest) = (seconds / 86_400, seconds % 86_400);
+    let (year, month, day) = civil_from_days(days);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
+        rest / 3600,
+        rest % 3600 / 60,
+        rest % 60
+    )
+}
+
+/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian
+/// (Howard Hinnant's civil_from_days, for days on or after the epoch).
+fn civil_from_days(days: u64) -> (u64, u64, u64) {
+    let z = days + 719_468;
+    let (era, doe) = (z / 146_097, z % 146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    (yoe + era * 400 + u64::from(month <= 2), month, day)
 }
 
 /// inferno refuses empty input; an empty window still gets a readable picture.
@@ -37,6 +92,7 @@ fn write_empty(title: &str, out: &mut impl io::Write) -> io::Result<()> {
     )
 }
 
+/// Escapes text for XML and HTML, in element content and quoted attributes.
 pub fn escape_xml(text: &str) -> String {
     let mut escaped = String::with_capacity(text.len());
     for c in text.chars() {
@@ -53,23 +109,4 @@ pub fn escape_xml(text: &str) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::store::Window;
-
-    #[test]
-    fn an_empty_profile_is_still_an_svg_with_an_escaped_title() {
-        let profile = Profile {
-            window: Window::ALL,
-            frequency: 99,
-            samples: Vec::new(),
-        };
-        let mut out = Vec::new();
-        write(&profile, "pid <1> & co", false, &mut out).expect("writing to a Vec");
-        let svg = String::from_utf8(out).expect("utf-8");
-        assert!(
-            svg.starts_with("<?xml") && svg.contains("pid &lt;1&gt; &amp; co"),
-            "{svg}"
-        );
-    }
-}
+mod tests;

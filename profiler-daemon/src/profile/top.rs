@@ -2,12 +2,12 @@
 //! columns: self = the sample's leaf function, total = anywhere in its stack
 //! (once per sample, however deep the recursion).
 
-use std::collections::HashMap;
+use std::{collections::HashMap, sync::Arc};
 
 use serde::Serialize;
 
 use super::Profile;
-use crate::symbolize::FrameKind;
+use crate::symbolize::{FrameKind, SymbolizedStack};
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct FunctionCost {
@@ -25,26 +25,37 @@ pub struct FunctionCost {
 
 /// Functions sorted by self samples (then total, then name), at most `limit`.
 pub fn top(profile: &Profile, limit: usize) -> Vec<FunctionCost> {
-    let mut costs: HashMap<String, FunctionCost> = HashMap::new();
-    let mut seen: Vec<String> = Vec::new();
+    // Samples of many threads and drains share one interned stack: walk each
+    // distinct stack once, with its summed count and CPU time.
+    let mut stacks: HashMap<*const SymbolizedStack, (&SymbolizedStack, u64, u64)> = HashMap::new();
     for sample in &profile.samples {
-        seen.clear();
-        let frames = sample.stack.frames_root_first().collect::<Vec<_>>();
-        for (index, (name, kind, _)) in frames.iter().enumerate() {
-            let name = display_name(name, *kind);
-            let cost = costs.entry(name.clone()).or_insert_with(|| FunctionCost {
-                name: name.clone(),
-                ..FunctionCost::default()
-            });
-            if index + 1 == frames.len() {
-                cost.self_samples += sample.count;
-                cost.self_cpu_ns += sample.cpu_ns;
-            }
-            if !seen.contains(&name) {
-                cost.total_samples += sample.count;
-                cost.total_cpu_ns += sample.cpu_ns;
-                seen.push(name);
-            }
+        let entry = stacks
+            .entry(Arc::as_ptr(&sample.stack))
+            .or_insert((&sample.stack, 0, 0));
+        entry.1 += sample.count;
+        entry.2 += sample.cpu_ns;
+    }
+    let mut costs: HashMap<String, FunctionCost> = HashMap::new();
+    let mut names: Vec<String> = Vec::new();
+    for (stack, count, cpu_ns) in stacks.into_values() {
+        names.clear();
+        names.extend(
+            stack
+                .frames_root_first()
+                .map(|(name, kind, _)| display_name(name, kind)),
+        );
+        if let Some(leaf) = names.last() {
+            let cost = cost_of(&mut costs, leaf.clone());
+            cost.self_samples += count;
+            cost.self_cpu_ns += cpu_ns;
+        }
+        // A recursive function is on the stack once for this sample's purposes.
+        names.sort_unstable();
+        names.dedup();
+        for name in names.drain(..) {
+            let cost = cost_of(&mut costs, name);
+            cost.total_samples += count;
+            cost.total_cpu_ns += cpu_ns;
         }
     }
     let mut costs: Vec<FunctionCost> = costs.into_values().collect();
@@ -56,6 +67,13 @@ pub fn top(profile: &Profile, limit: usize) -> Vec<FunctionCost> {
     });
     costs.truncate(limit);
     costs
+}
+
+fn cost_of(costs: &mut HashMap<String, FunctionCost>, name: String) -> &mut FunctionCost {
+    costs.entry(name).or_insert_with_key(|name| FunctionCost {
+        name: name.clone(),
+        ..FunctionCost::default()
+    })
 }
 
 fn display_name(name: &str, kind: FrameKind) -> String {
@@ -176,6 +194,65 @@ mod tests {
         );
         assert_eq!(get("read_zero [k]").self_samples, 2, "kernel frames are marked");
         assert_eq!(top(&profile, 2).len(), 2, "limit applies");
+    }
+
+    #[test]
+    fn samples_sharing_a_stack_add_up() {
+        use FrameKind::User;
+        let shared = stack(&[("leaf", User), ("main", User)]);
+        let profile = profile(vec![(shared.clone(), 4), (shared, 6)]);
+        let costs = top(&profile, 10);
+        let leaf = costs
+            .iter()
+            .find(|c| c.name == "leaf")
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(
+            (
+                leaf.self_samples,
+                leaf.total_samples,
+                leaf.self_cpu_ns,
+                leaf.total_cpu_ns
+            ),
+            (10, 10, 100, 100)
+        );
+    }
+
+    #[test]
+    fn ties_on_self_go_to_total_then_name() {
+        use FrameKind::User;
+        let profile = profile(vec![
+            (stack(&[("b", User)]), 1),
+            (stack(&[("a", User)]), 1),
+            (stack(&[("c", User), ("a", User)]), 1),
+        ]);
+        let names: Vec<String> = top(&profile, 10).into_iter().map(|c| c.name).collect();
+        // a: self 1, total 2; b and c: self 1, total 1, by name.
+        assert_eq!(names, ["a", "b", "c"]);
+        assert!(top(&profile, 0).is_empty());
+        assert_eq!(top(&profile, 1).len(), 1);
+    }
+
+    #[test]
+    fn the_table_shows_percentages_of_all_samples() {
+        use FrameKind::User;
+        let profile = profile(vec![
+            (stack(&[("hot", User), ("main", User)]), 3),
+            (stack(&[("main", User)]), 1),
+        ]);
+        let table = table(&profile, &top(&profile, 10));
+        let lines: Vec<&str> = table.lines().collect();
+        assert!(lines[0].starts_with("# 4 samples"), "{table}");
+        assert_eq!(
+            lines[2].split_whitespace().collect::<Vec<_>>(),
+            ["75.00%", "75.00%", "3", "3", "hot"],
+            "{table}"
+        );
+        assert_eq!(
+            lines[3].split_whitespace().collect::<Vec<_>>(),
+            ["25.00%", "100.00%", "1", "4", "main"],
+            "{table}"
+        );
     }
 
     #[test]

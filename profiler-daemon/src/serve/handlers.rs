@@ -147,7 +147,7 @@ pub(super) async fn not_found(uri: Uri) -> HttpError {
     HttpError::new(
         StatusCode::NOT_FOUND,
         format!(
-            "no such endpoint {}; try /pprof?pid=P&seconds=N or /debug/pprof/profile?seconds=N",
+            "no such endpoint {}; try / (an index), /pprof?pid=P&seconds=N or /debug/pprof/profile?seconds=N",
             params::Quoted::new(uri.path())
         ),
     )

@@ -13,6 +13,7 @@
 //! makes `go tool pprof` show the message.
 
 mod handlers;
+mod index;
 pub mod metrics;
 pub mod params;
 pub mod threads;
@@ -61,7 +62,7 @@ pub fn router(state: ServeState) -> Router {
         .route("/debug/pprof/profile", get(handlers::go_profile))
         .route("/threads", get(threads::threads))
         .route("/metrics", get(metrics::metrics))
-        .route("/", get(views::index))
+        .route("/", get(index::index))
         .route("/flamegraph.svg", get(views::flamegraph_svg))
         .route("/top", get(views::top_table))
         .route("/folded", get(views::folded_stacks));

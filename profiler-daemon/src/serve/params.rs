@@ -8,6 +8,8 @@ use crate::store::Filter;
 /// Longer query strings are refused before parsing (no legitimate request
 /// comes close; a long one is a mistake or an attack).
 pub const MAX_QUERY_BYTES: usize = 4096;
+/// Parameters every profile endpoint accepts.
+const COMMON_PARAMETERS: [&str; 4] = ["pid", "tid", "comm", "seconds"];
 /// Bytes of a rejected value quoted back in an error message.
 const MAX_QUOTED: usize = 64;
 /// `/proc/PID/comm` of kernel workers can exceed TASK_COMM_LEN; nothing is longer.
@@ -44,8 +46,8 @@ pub enum ParamError {
     },
     #[error("seconds: given more than once; expected a single value")]
     RepeatedSeconds,
-    #[error("unknown parameter {0}; accepted: pid, tid, comm, seconds")]
-    Unknown(Quoted),
+    #[error("unknown parameter {name}; accepted: {accepted}")]
+    Unknown { name: Quoted, accepted: String },
 }
 
 /// A user-supplied string, quoted and shortened for a one-line message.
@@ -142,7 +144,18 @@ fn parse(
                     });
                 }
                 Some(&option) => chosen.push((option, value.into_owned())),
-                None => return Err(ParamError::Unknown(Quoted::new(&name))),
+                None => {
+                    return Err(ParamError::Unknown {
+                        name: Quoted::new(&name),
+                        // This endpoint's own list, so the message says what would work here.
+                        accepted: COMMON_PARAMETERS
+                            .iter()
+                            .chain(options)
+                            .copied()
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                    });
+                }
             },
         }
     }

@@ -162,3 +162,49 @@ fn quoted_values_stay_on_one_short_line() {
     // A multi-byte character straddling the cut does not panic.
     assert!(message(pprof(&format!("x{}=1", "é".repeat(40)))).contains("..."));
 }
+
+fn with_options(query: &str) -> Result<(ProfileParams, EndpointOptions), ParamError> {
+    parse_with_options(Some(query), &LIMITS, &["format", "limit"])
+}
+
+#[test]
+fn endpoint_options_are_returned_in_order_beside_the_filters() {
+    let (params, options) = with_options("limit=5&pid=3&format=json").expect("accepted");
+    assert_eq!(params.filter.pids, vec![3]);
+    assert_eq!(params.seconds, DEFAULT_SECONDS);
+    assert_eq!(
+        options,
+        vec![("limit", "5".to_owned()), ("format", "json".to_owned())]
+    );
+    assert_eq!(with_options("").map(|(_, options)| options), Ok(Vec::new()));
+    // Values are decoded; the endpoint validates them.
+    assert_eq!(
+        with_options("format=%3Cb%3E").map(|(_, options)| options),
+        Ok(vec![("format", "<b>".to_owned())])
+    );
+}
+
+#[test]
+fn endpoint_options_are_single_valued_and_listed_when_a_name_is_unknown() {
+    assert_eq!(
+        with_options("limit=5&limit=6")
+            .map(|_| ())
+            .expect_err("repeated")
+            .to_string(),
+        "limit: \"6\" is not accepted; expected a single value"
+    );
+    assert_eq!(
+        with_options("icicle=true")
+            .map(|_| ())
+            .expect_err("unknown")
+            .to_string(),
+        "unknown parameter \"icicle\"; accepted: pid, tid, comm, seconds, format, limit"
+    );
+    // Another endpoint's options are not /pprof's.
+    assert_eq!(
+        message(pprof("format=json")),
+        "unknown parameter \"format\"; accepted: pid, tid, comm, seconds"
+    );
+    // The common parameters keep their own rules.
+    assert!(with_options("seconds=0&format=json").is_err());
+}
