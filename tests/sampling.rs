@@ -184,15 +184,30 @@ fn an_hour_of_load_in_a_minute_fills_no_map_and_keeps_memory_flat() {
     let _a = Workload::spawn(env!("WORKLOAD_SPLIT"), &["70"]);
     let _b = Workload::spawn(env!("WORKLOAD_ZERO_READER"), &["70"]);
     let mut rss = Vec::new();
-    let recording = record_while(&["--frequency", "999", "--seconds", "60"], |run| {
-        let started = Instant::now();
-        while started.elapsed() < Duration::from_secs(59) {
-            if let Some(kib) = rss_kib(run.pid()) {
-                rss.push((started.elapsed().as_secs(), kib));
+    // By pid: what other processes happen to run on the machine (a compiler,
+    // say) must not change the daemon's memory; BPF still samples every CPU.
+    let (a_pid, b_pid) = (_a.pid().to_string(), _b.pid().to_string());
+    let recording = record_while(
+        &[
+            "--frequency",
+            "999",
+            "--seconds",
+            "60",
+            "--pid",
+            &a_pid,
+            "--pid",
+            &b_pid,
+        ],
+        |run| {
+            let started = Instant::now();
+            while started.elapsed() < Duration::from_secs(59) {
+                if let Some(kib) = rss_kib(run.pid()) {
+                    rss.push((started.elapsed().as_secs(), kib));
+                }
+                std::thread::sleep(Duration::from_secs(1));
             }
-            std::thread::sleep(Duration::from_secs(1));
-        }
-    });
+        },
+    );
     let lost: Vec<String> = recording
         .counters
         .iter()

@@ -115,6 +115,7 @@ impl SamplingArgs {
             },
             drain_interval: Duration::from_millis(self.drain_interval_ms),
             store,
+            only_pids: Vec::new(),
         }
     }
 }

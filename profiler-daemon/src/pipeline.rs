@@ -24,11 +24,15 @@ use crate::{
     symbolize::{Symbolizer, SymbolizerStats},
 };
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct PipelineOptions {
     pub sampler: SamplerOptions,
     pub drain_interval: Duration,
     pub store: StoreConfig,
+    /// When not empty, only these processes are symbolized and stored (the
+    /// sampler still samples every CPU; the rest is dropped before the
+    /// costly part). The daemon keeps everything; `record --pid` uses this.
+    pub only_pids: Vec<u32>,
 }
 
 /// What the pipeline has been doing, updated after every drain.
@@ -128,9 +132,10 @@ impl Pipeline {
         }
         {
             let store = store.clone();
+            let only_pids = options.only_pids.clone();
             threads.push(spawn(
                 "symbolize",
-                Box::new(move || symbolize_loop(symbolize_rx, store, status_tx)),
+                Box::new(move || symbolize_loop(symbolize_rx, store, status_tx, only_pids)),
             )?);
         }
         let interval = options.drain_interval;
@@ -258,6 +263,7 @@ fn symbolize_loop(
     inputs: mpsc::Receiver<SymbolizeInput>,
     store: StoreHandle,
     status: watch::Sender<PipelineStatus>,
+    only_pids: Vec<u32>,
 ) {
     let mut symbolizer = Symbolizer::new();
     for input in inputs {
@@ -270,6 +276,18 @@ fn symbolize_loop(
                 acks,
             } => {
                 let started = Instant::now();
+                let mut batch = batch;
+                // Occupancy of the maps as drained, before any filtering.
+                let map_entries = MapEntries {
+                    counts: batch.samples.len().saturating_sub(batch.spilled),
+                    user_stacks: batch.user_stacks.len(),
+                    kernel_stacks: batch.kernel_stacks.len(),
+                };
+                if !only_pids.is_empty() {
+                    batch
+                        .samples
+                        .retain(|sample| only_pids.contains(&sample.key.tgid));
+                }
                 let samples = symbolizer.symbolize(&batch);
                 let symbolize_time = started.elapsed();
                 status.send_modify(|status| {
@@ -279,11 +297,7 @@ fn symbolize_loop(
                     status.last_drain = drain_time;
                     status.last_symbolize = symbolize_time;
                     status.map_read_errors += batch.read_errors;
-                    status.map_entries = MapEntries {
-                        counts: batch.samples.len() - batch.spilled,
-                        user_stacks: batch.user_stacks.len(),
-                        kernel_stacks: batch.kernel_stacks.len(),
-                    };
+                    status.map_entries = map_entries;
                     status.drain_seconds_total += drain_time.as_secs_f64();
                     status.symbolize_seconds_total += symbolize_time.as_secs_f64();
                 });

@@ -6,7 +6,7 @@ use profiler_common::Counter;
 
 use crate::{
     cli::{Format, RecordArgs},
-    pipeline::{Pipeline, PipelineError, PipelineStatus},
+    pipeline::{Pipeline, PipelineError, PipelineOptions, PipelineStatus},
     profile::{Profile, flamegraph, folded, pprof},
     store::{Filter, Query, StoreConfig, Window},
 };
@@ -41,7 +41,11 @@ pub async fn run(args: RecordArgs) -> Result<(), RecordError> {
         ..StoreConfig::default()
     };
     let started_ms = crate::unix_now_ms();
-    let pipeline = Pipeline::start(args.sampling.pipeline_options(store))?;
+    let options = PipelineOptions {
+        only_pids: args.pids.clone(),
+        ..args.sampling.pipeline_options(store)
+    };
+    let pipeline = Pipeline::start(options)?;
     let interrupted = tokio::select! {
         () = tokio::time::sleep(Duration::from_secs(args.seconds)) => false,
         _ = tokio::signal::ctrl_c() => true,
