@@ -1,12 +1,13 @@
-//! Property tests (bounded: proptest's default 256 cases each) for the two
-//! places outside input reaches: query parsing and the pprof encoder.
+//! Property tests (bounded: proptest's default 256 cases each) for the
+//! places outside input reaches: query parsing, the pprof encoder and the
+//! views (names come from arbitrary processes).
 
 use std::sync::Arc;
 
 use profilerd::{
-    profile::{Profile, pprof},
-    serve::params::{Limits, parse_go_profile, parse_pprof},
-    store::Window,
+    profile::{Profile, flamegraph, pprof, top},
+    serve::params::{Limits, parse_go_profile, parse_pprof, parse_with_options},
+    store::{Filter, Window},
     symbolize::{FrameKind, Function, Line, Location, Mapping, SymbolizedSample, SymbolizedStack},
 };
 use proptest::prelude::*;
@@ -24,6 +25,8 @@ fn queries() -> impl Strategy<Value = String> {
         Just("tid".to_owned()),
         Just("comm".to_owned()),
         Just("seconds".to_owned()),
+        Just("limit".to_owned()),
+        Just("format".to_owned()),
         "[a-z%=&]{0,6}",
     ];
     let value = prop_oneof![
@@ -59,6 +62,15 @@ proptest! {
                     prop_assert!(!message.is_empty() && !message.contains('\n'), "one line: {message:?}");
                 }
             }
+        }
+        match parse_with_options(Some(&query), &LIMITS, &["format", "limit"]) {
+            Ok((_, options)) => {
+                let mut names: Vec<&str> = options.iter().map(|(name, _)| *name).collect();
+                prop_assert!(names.iter().all(|name| ["format", "limit"].contains(name)), "{query:?}");
+                names.dedup();
+                prop_assert_eq!(names.len(), options.len(), "each option at most once: {:?}", query);
+            }
+            Err(err) => prop_assert!(!err.to_string().contains('\n')),
         }
     }
 }
@@ -180,6 +192,80 @@ proptest! {
             for label in &sample.label {
                 prop_assert!((0..strings).contains(&label.key) && (0..strings).contains(&label.str));
             }
+        }
+    }
+}
+
+/// Names a hostile or broken process might carry.
+fn hostile_names() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just("<script>alert(1)</script>".to_owned()),
+        Just("\"><img src=x onerror=alert(1)>".to_owned()),
+        Just("a\nb 5".to_owned()),
+        Just("a;b\r\n".to_owned()),
+        Just(String::new()),
+        Just(" ".to_owned()),
+        Just("]]><!--".to_owned()),
+        "[\\x00-\\x1f;<>&\"' ]{0,8}",
+    ]
+}
+
+proptest! {
+    #[test]
+    fn every_profile_renders_as_views(mut profile in profiles(), nasty in hostile_names()) {
+        // Real CPU times are bounded by real time; sums of arbitrary u64s would overflow.
+        for sample in &mut profile.samples {
+            sample.cpu_ns %= 1 << 40;
+        }
+        // any::<String>() has no control characters: add a process that names
+        // itself and its function with them.
+        let function = Arc::new(Function {
+            name: nasty.clone().into(),
+            system_name: nasty.clone().into(),
+            filename: None,
+        });
+        profile.samples.push(SymbolizedSample {
+            pid: 1,
+            tid: 1,
+            comm: nasty.clone().into(),
+            thread_name: nasty.into(),
+            stack: Arc::new(SymbolizedStack {
+                locations: Box::new([Location {
+                    kind: FrameKind::User,
+                    address: 0,
+                    mapping: None,
+                    lines: Arc::new([Line { function, line: 0 }]),
+                    resolved: true,
+                }]),
+            }),
+            count: 1,
+            cpu_ns: 1,
+        });
+        let costs = top::top(&profile, usize::MAX);
+        let with_frames: u64 = profile
+            .samples
+            .iter()
+            .filter(|sample| !sample.stack.locations.is_empty())
+            .map(|sample| sample.count)
+            .sum();
+        prop_assert_eq!(costs.iter().map(|cost| cost.self_samples).sum::<u64>(), with_frames);
+        for cost in &costs {
+            prop_assert!(cost.self_samples <= cost.total_samples && cost.total_samples <= with_frames);
+        }
+        let table = top::table(&profile, &costs);
+        prop_assert_eq!(table.lines().count(), 2 + costs.len(), "one line per function: {}", table);
+
+        let title = flamegraph::title(&Filter::default(), &profile.window);
+        for icicle in [false, true] {
+            let mut svg = Vec::new();
+            flamegraph::write(&profile, &title, icicle, &mut svg).expect("every profile renders");
+            let svg = String::from_utf8(svg).expect("UTF-8");
+            prop_assert!(svg.starts_with("<?xml") && svg.trim_end().ends_with("</svg>"));
+            prop_assert!(!svg.contains("<script>alert") && !svg.contains("<img"), "names are escaped");
+            prop_assert!(
+                !svg.chars().any(|c| c.is_control() && !matches!(c, '\n' | '\r' | '\t')),
+                "only characters XML allows"
+            );
         }
     }
 }

@@ -17,7 +17,7 @@ pub fn write(profile: &Profile, title: &str, icicle: bool, out: &mut impl io::Wr
     }
     let lines: Vec<String> = lines
         .into_iter()
-        .map(|(stack, count)| format!("{stack} {count}"))
+        .map(|(stack, count)| format!("{} {count}", xml_chars(&stack)))
         .collect();
     let mut options = Options::default();
     options.title = title.to_owned();
@@ -102,10 +102,34 @@ pub fn escape_xml(text: &str) -> String {
             '>' => escaped.push_str("&gt;"),
             '"' => escaped.push_str("&quot;"),
             '\'' => escaped.push_str("&#39;"),
+            c if c.is_control() || is_noncharacter(c) => escaped.push(char::REPLACEMENT_CHARACTER),
             c => escaped.push(c),
         }
     }
     escaped
+}
+
+/// Control characters (which a process may put in its name or symbols) and
+/// U+FFFE/U+FFFF are not allowed in XML: one would make the browser reject
+/// the whole flame graph. They become U+FFFD; inferno escapes the rest.
+fn xml_chars(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(|c| c.is_control() || is_noncharacter(c)) {
+        return text.into();
+    }
+    text.chars()
+        .map(|c| {
+            if c.is_control() || is_noncharacter(c) {
+                char::REPLACEMENT_CHARACTER
+            } else {
+                c
+            }
+        })
+        .collect::<String>()
+        .into()
+}
+
+fn is_noncharacter(c: char) -> bool {
+    matches!(c, '\u{FFFE}' | '\u{FFFF}')
 }
 
 #[cfg(test)]

@@ -102,10 +102,24 @@ pub fn table(profile: &Profile, costs: &[FunctionCost]) -> String {
             cost.total_samples as f64 * 100.0 / total as f64,
             cost.self_samples,
             cost.total_samples,
-            cost.name
+            printable(&cost.name)
         ));
     }
     out
+}
+
+/// A name as one line of the table: a process can name its functions with
+/// newlines or terminal escapes; those are shown escaped, not obeyed.
+fn printable(name: &str) -> String {
+    let mut shown = String::with_capacity(name.len());
+    for c in name.chars() {
+        if c.is_control() {
+            shown.extend(c.escape_default());
+        } else {
+            shown.push(c);
+        }
+    }
+    shown
 }
 
 #[cfg(test)]
@@ -253,6 +267,14 @@ mod tests {
             ["25.00%", "100.00%", "1", "4", "main"],
             "{table}"
         );
+    }
+
+    #[test]
+    fn control_characters_in_names_cannot_forge_table_rows() {
+        let profile = profile(vec![(stack(&[("f\n 100.00% fake\x1b[2J", FrameKind::User)]), 1)]);
+        let table = table(&profile, &top(&profile, 10));
+        assert_eq!(table.lines().count(), 3, "{table}");
+        assert!(table.ends_with("f\\n 100.00% fake\\u{1b}[2J\n"), "{table}");
     }
 
     #[test]

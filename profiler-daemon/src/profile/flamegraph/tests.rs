@@ -96,6 +96,21 @@ fn names_from_processes_are_escaped() {
 }
 
 #[test]
+fn control_characters_cannot_break_the_xml() {
+    let svg = svg(
+        &profile(&[("bad\u{1}comm", &[("f\u{0}\u{7f}\u{ffff}x", FrameKind::User)])]),
+        false,
+    );
+    let bad: Vec<char> = svg
+        .chars()
+        .filter(|c| (c.is_control() && !matches!(c, '\n' | '\r' | '\t')) || *c == '\u{ffff}')
+        .collect();
+    assert!(bad.is_empty(), "{bad:?}");
+    assert!(svg.contains("bad\u{fffd}comm"), "replaced, not dropped");
+    assert_eq!(escape_xml("a\u{0}b\tc"), "a\u{fffd}b\u{fffd}c");
+}
+
+#[test]
 fn kernel_frames_are_orange_and_user_frames_are_not() {
     let svg = svg(
         &profile(&[(
