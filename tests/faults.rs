@@ -392,18 +392,22 @@ fn symbolizing_a_large_binary_does_not_stall_scrapes() {
         &format!("/pprof?pid={}&seconds=5", workload.pid()),
     );
     let total: i64 = raw.iter().map(|s| s.values[0]).sum();
-    let named: i64 = raw
+    let is_generated =
+        |f: &String| f.starts_with('f') && f.len() > 1 && f[1..].chars().all(|c| c.is_ascii_digit());
+    let generated: i64 = raw
         .iter()
-        .filter(|s| {
-            s.functions
-                .first()
-                .is_some_and(|f| f.starts_with('f') && f[1..].chars().all(|c| c.is_ascii_digit()))
-        })
+        .filter(|s| s.functions.first().is_some_and(is_generated))
         .map(|s| s.values[0])
         .sum();
+    let unresolved_leaf: i64 = raw
+        .iter()
+        .filter(|s| s.functions.first().is_some_and(|f| f.starts_with("[unknown]")))
+        .map(|s| s.values[0])
+        .sum();
+    // The rest of the leaves are main's calling loop (-O0 call overhead).
     assert!(
-        total > 0 && named * 100 >= total * 80,
-        "the large binary's functions f<N> resolve: {named}/{total}"
+        total > 0 && generated * 100 >= total * 70 && unresolved_leaf * 100 <= total * 5,
+        "the large binary's functions resolve: leaf f<N> in {generated}/{total}, unresolved leaves {unresolved_leaf}"
     );
     eprintln!("slowest scrape while symbolizing the large binary: {slowest:?}");
 }
