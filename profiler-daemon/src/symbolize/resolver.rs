@@ -2,7 +2,7 @@
 //! library's symbols are shared by every process that maps it and survive the
 //! process; kernel frames by address, from kallsyms.
 
-use std::{collections::HashMap, path::PathBuf, sync::Arc};
+use std::{collections::HashMap, sync::Arc};
 
 use crate::collect::{FileKey, MappedFile};
 
@@ -20,6 +20,9 @@ use super::{
 /// unbounded growth over months is not.
 const MAX_USER_ENTRIES: usize = 1 << 20;
 const MAX_KERNEL_ENTRIES: usize = 1 << 18;
+/// Batches in a row a file may fail to be read before its addresses are
+/// cached as unresolvable.
+const MAX_FILE_FAILURES: u32 = 3;
 
 /// Cache and resolution counters (cumulative).
 #[derive(Clone, Copy, Debug, Default)]
@@ -40,7 +43,13 @@ pub struct Resolver {
     user: HashMap<FileKey, LineCache>,
     user_entries: usize,
     kernel: LineCache,
-    pending_user: HashMap<FileKey, (PathBuf, Vec<u64>)>,
+    /// The file itself, not its `/proc/self/fd/N` path: holding it keeps the
+    /// descriptor open (and N naming it) until the batch is resolved, even
+    /// if the mapping that wanted it is replaced meanwhile.
+    pending_user: HashMap<FileKey, (Arc<MappedFile>, Vec<u64>)>,
+    /// Files whose reading failed, and how often: retried a few times (a
+    /// failure may be transient), then their addresses stay unresolved.
+    failed_files: HashMap<FileKey, u32>,
     pending_kernel: Vec<u64>,
     functions: HashMap<Arc<Function>, ()>,
     build_ids: HashMap<FileKey, Option<Arc<str>>>,
@@ -57,6 +66,7 @@ impl Default for Resolver {
             kernel: HashMap::new(),
             pending_user: HashMap::new(),
             pending_kernel: Vec::new(),
+            failed_files: HashMap::new(),
             functions: HashMap::new(),
             build_ids: HashMap::new(),
             stats: ResolverStats::default(),
@@ -66,7 +76,7 @@ impl Default for Resolver {
 
 impl Resolver {
     /// Notes that `file_offset` in `file` will be needed by [`Self::user`].
-    pub fn want_user(&mut self, file: &MappedFile, file_offset: u64) {
+    pub fn want_user(&mut self, file: &Arc<MappedFile>, file_offset: u64) {
         if self
             .user
             .get(&file.key)
@@ -78,7 +88,7 @@ impl Resolver {
         self.stats.cache_misses += 1;
         self.pending_user
             .entry(file.key)
-            .or_insert_with(|| (file.access_path.clone(), Vec::new()))
+            .or_insert_with(|| (file.clone(), Vec::new()))
             .1
             .push(file_offset);
     }
@@ -102,11 +112,24 @@ impl Resolver {
             self.kernel.clear();
         }
         let pending = std::mem::take(&mut self.pending_user);
-        for (key, (path, mut offsets)) in pending {
+        for (key, (file, mut offsets)) in pending {
             offsets.sort_unstable();
             offsets.dedup();
-            let source = Source::Elf(Elf::new(&path));
-            let results = self.symbolize(&source, Input::FileOffset(&offsets), offsets.len());
+            let source = Source::Elf(Elf::new(&file.access_path));
+            let Some(results) = self.symbolize(&source, Input::FileOffset(&offsets), offsets.len()) else {
+                let failures = self.failed_files.entry(key).or_default();
+                *failures += 1;
+                if *failures < MAX_FILE_FAILURES {
+                    // Not cached: the next batch that wants them tries again.
+                    continue;
+                }
+                self.failed_files.remove(&key);
+                let cache = self.user.entry(key).or_default();
+                self.user_entries += offsets.len();
+                cache.extend(offsets.into_iter().map(|offset| (offset, None)));
+                continue;
+            };
+            self.failed_files.remove(&key);
             let cache = self.user.entry(key).or_default();
             self.user_entries += offsets.len();
             cache.extend(offsets.into_iter().zip(results));
@@ -120,7 +143,10 @@ impl Resolver {
                 debug_syms: false,
                 ..Kernel::default()
             });
-            let results = self.symbolize(&source, Input::AbsAddr(&addresses), addresses.len());
+            // kallsyms is read whole: a failure is not worth retrying per batch.
+            let results = self
+                .symbolize(&source, Input::AbsAddr(&addresses), addresses.len())
+                .unwrap_or_else(|| vec![None; addresses.len()]);
             self.kernel.extend(addresses.into_iter().zip(results));
         }
     }
@@ -157,19 +183,26 @@ impl Resolver {
             self.user_entries = self.user_entries.saturating_sub(cache.len());
         }
         self.build_ids.remove(&file.key);
+        self.failed_files.remove(&file.key);
         let evict =
             blazesym::symbolize::evict::Evict::Elf(blazesym::symbolize::evict::Elf::new(&file.access_path));
         let _ = self.blaze.evict(&evict);
     }
 
-    fn symbolize(&mut self, source: &Source, input: Input<&[u64]>, len: usize) -> Vec<Option<Arc<[Line]>>> {
+    /// None when the source could not be read at all.
+    fn symbolize(
+        &mut self,
+        source: &Source,
+        input: Input<&[u64]>,
+        len: usize,
+    ) -> Option<Vec<Option<Arc<[Line]>>>> {
         let results = match self.blaze.symbolize(source, input) {
             Ok(results) => results,
             Err(err) => {
                 self.stats.source_errors += 1;
                 tracing::debug!("symbolization source failed: {err}");
                 self.stats.unresolved += len as u64;
-                return vec![None; len];
+                return None;
             }
         };
         let mut out = Vec::with_capacity(len);
@@ -184,7 +217,7 @@ impl Resolver {
             }
         }
         self.stats.unresolved += unresolved;
-        out
+        Some(out)
     }
 }
 
@@ -237,4 +270,59 @@ fn intern(
     let function = Arc::new(function);
     functions.insert(function.clone(), ());
     function
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::collect::SnapshotReader;
+
+    #[inline(never)]
+    fn marker_function_for_the_resolver_test() -> u64 {
+        std::hint::black_box(42)
+    }
+
+    #[test]
+    fn a_wanted_file_stays_readable_after_its_mapping_is_dropped() {
+        let mut reader = SnapshotReader::default();
+        let snapshot = reader.read(std::process::id(), 1).expect("our own mappings");
+        let address = marker_function_for_the_resolver_test as fn() -> u64 as usize as u64;
+        assert_eq!(marker_function_for_the_resolver_test(), 42);
+        let mapping = snapshot
+            .mappings
+            .iter()
+            .find(|mapping| (mapping.start..mapping.end).contains(&address))
+            .expect("the test binary maps the marker function");
+        let file = mapping.file.clone().expect("the test binary is a file");
+        let offset = address - mapping.start + mapping.offset;
+        let mut resolver = Resolver::default();
+        resolver.want_user(&file, offset);
+        // The snapshot that wanted it is replaced before the batch resolves
+        // (a refresh): the descriptor must outlive it.
+        let key = file.key;
+        drop(file);
+        drop(snapshot);
+        drop(reader);
+        resolver.resolve_pending();
+        assert_eq!(resolver.stats.source_errors, 0, "the file could not be read");
+        // Another descriptor of the same file finds the cached lines.
+        let again = SnapshotReader::default()
+            .read(std::process::id(), 1)
+            .expect("our own mappings");
+        let file = again
+            .mappings
+            .iter()
+            .filter_map(|mapping| mapping.file.clone())
+            .find(|file| file.key == key)
+            .expect("the test binary is still mapped");
+        let lines = resolver.user(&file, offset).expect("the marker resolves");
+        assert!(
+            lines[0]
+                .function
+                .name
+                .contains("marker_function_for_the_resolver_test"),
+            "resolved to {:?}",
+            lines[0].function.name
+        );
+    }
 }
