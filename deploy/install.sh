@@ -50,6 +50,8 @@ install_files() {
     if systemd_running; then
         systemctl daemon-reload
         systemctl enable profilerd.service
+        # enable --now would leave an already running old binary in place.
+        # Type=notify: this returns once the new one is attached and listening.
         systemctl restart profilerd.service
     fi
     echo "profilerd installed: $bin, $unit, $config"

@@ -1,5 +1,6 @@
 //! deploy/: the install script into a DESTDIR, and the unit checked by
-//! systemd's own analyzer. (Booting a real systemd is not done here yet.)
+//! systemd's own analyzer and shellcheck. tests/systemd.rs boots a real
+//! systemd and runs the unit.
 
 use std::{path::Path, process::Command};
 
@@ -92,4 +93,17 @@ fn the_unit_passes_systemd_analyze_with_exposure_at_most_2_6() {
         .map(str::to_owned)
         .collect();
     assert!(complaints.is_empty(), "systemd-analyze verify: {complaints:?}");
+}
+
+#[test]
+fn install_sh_is_shellcheck_clean() {
+    let output = Command::new("shellcheck")
+        .arg(repo().join("deploy/install.sh"))
+        .output()
+        .expect("running shellcheck (scripts/setup.sh installs it)");
+    assert!(
+        output.status.success(),
+        "shellcheck deploy/install.sh:\n{}",
+        String::from_utf8_lossy(&output.stdout)
+    );
 }

@@ -2,7 +2,11 @@
 //! command-line flag. Flags given on the command line win over the file;
 //! the file wins over the built-in defaults.
 
-use std::{net::SocketAddr, ops::RangeInclusive, path::Path};
+use std::{
+    net::SocketAddr,
+    ops::RangeInclusive,
+    path::{Path, PathBuf},
+};
 
 use clap::{ArgMatches, parser::ValueSource};
 use serde::Deserialize;
@@ -10,6 +14,10 @@ use serde::Deserialize;
 use crate::cli::DaemonArgs;
 
 pub const DEFAULT_PATH: &str = "/etc/profilerd/profilerd.toml";
+
+/// Exit status for an unusable config file (sysexits' EX_CONFIG): the unit's
+/// `RestartPreventExitStatus=` names it, since restarting cannot fix a file.
+pub const EXIT_CONFIG: u8 = 78;
 
 #[derive(Debug, Default, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
@@ -24,6 +32,8 @@ pub struct Config {
     pub kernel_stack_map_entries: Option<u64>,
 }
 
+/// Every error names the file and, when known, the line (`FILE:LINE:`), so
+/// editors and `journalctl` readers land on it.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("reading {path}: {source}")]
@@ -32,11 +42,16 @@ pub enum ConfigError {
         #[source]
         source: std::io::Error,
     },
-    #[error("{path}: {message}")]
-    Parse { path: String, message: String },
-    #[error("{path}: {key} = {value} is out of range; expected {min} to {max}")]
+    #[error("{path}:{}{message}", line_prefix(*.line))]
+    Parse {
+        path: String,
+        line: Option<usize>,
+        message: String,
+    },
+    #[error("{path}:{}{key} = {value} is out of range; expected {min} to {max}", line_prefix(*.line))]
     OutOfRange {
         path: String,
+        line: Option<usize>,
         key: &'static str,
         value: u64,
         min: u64,
@@ -44,8 +59,13 @@ pub enum ConfigError {
     },
 }
 
-/// The accepted range of each numeric key: the same as its flag's.
-const RANGES: [(&str, RangeInclusive<u64>); 7] = [
+fn line_prefix(line: Option<usize>) -> String {
+    line.map_or_else(|| " ".to_owned(), |line| format!("{line}: "))
+}
+
+/// The accepted range of each numeric key: the same as its flag's (a test
+/// checks them against clap's).
+pub const RANGES: [(&str, RangeInclusive<u64>); 7] = [
     ("retention_seconds", 1..=86_400),
     ("store_max_mb", 1..=65_536),
     ("frequency", 1..=10_000),
@@ -58,16 +78,7 @@ const RANGES: [(&str, RangeInclusive<u64>); 7] = [
 impl Config {
     /// Parses and validates a config file's text; `path` only names it in errors.
     pub fn parse(text: &str, path: &str) -> Result<Self, ConfigError> {
-        let config: Config = toml::from_str(text).map_err(|err| ConfigError::Parse {
-            path: path.to_owned(),
-            // toml's message names the key and the line; keep it on one line.
-            message: err
-                .to_string()
-                .replace('\n', " ")
-                .split_whitespace()
-                .collect::<Vec<_>>()
-                .join(" "),
-        })?;
+        let config: Config = toml::from_str(text).map_err(|err| parse_error(text, path, &err))?;
         for (key, value) in config.numbers() {
             let Some(value) = value else { continue };
             let range = RANGES
@@ -79,6 +90,7 @@ impl Config {
             {
                 return Err(ConfigError::OutOfRange {
                     path: path.to_owned(),
+                    line: line_of_key(text, key),
                     key,
                     value,
                     min: *range.start(),
@@ -114,6 +126,7 @@ impl Config {
     /// given on the command line (per `matches`).
     pub fn apply(&self, args: &mut DaemonArgs, matches: &ArgMatches) {
         let from_flag = |id: &str| matches.value_source(id) == Some(ValueSource::CommandLine);
+        // Only reached with values inside RANGES, which all fit in u32.
         let narrow = |value: u64| u32::try_from(value).unwrap_or(u32::MAX);
         if let Some(listen) = self.listen
             && !from_flag("listen")
@@ -166,7 +179,64 @@ impl Config {
     }
 }
 
-/// The effective settings, as `check-config` prints them.
+/// Applies the daemon's config file to `args`: the one given with --config
+/// (which must exist), else `default_path` if it exists, else none. Returns
+/// the file used.
+pub fn apply_file(
+    args: &mut DaemonArgs,
+    matches: &ArgMatches,
+    default_path: &Path,
+) -> Result<Option<PathBuf>, ConfigError> {
+    let path = match &args.config {
+        Some(path) => path.clone(),
+        None if default_path.exists() => default_path.to_owned(),
+        None => return Ok(None),
+    };
+    Config::load(&path)?.apply(args, matches);
+    Ok(Some(path))
+}
+
+/// toml's own message (which names an unknown key and lists the known ones),
+/// on one line, at `FILE:LINE:`; for a bad value, the key it belongs to.
+fn parse_error(text: &str, path: &str, err: &toml::de::Error) -> ConfigError {
+    let message = err.message().split_whitespace().collect::<Vec<_>>().join(" ");
+    let line = err.span().map(|span| line_number(text, span.start));
+    let key = line
+        .and_then(|line| text.lines().nth(line - 1))
+        .and_then(|text| text.split_once('='))
+        .map(|(key, _)| key.trim().trim_matches('"'))
+        .filter(|key| !key.is_empty() && !message.contains(&format!("`{key}`")));
+    ConfigError::Parse {
+        path: path.to_owned(),
+        line,
+        message: match key {
+            Some(key) => format!("{key}: {message}"),
+            None => message,
+        },
+    }
+}
+
+/// 1-based line of a byte offset.
+fn line_number(text: &str, offset: usize) -> usize {
+    let end = offset.min(text.len());
+    text.as_bytes()[..end]
+        .iter()
+        .filter(|&&byte| byte == b'\n')
+        .count()
+        + 1
+}
+
+/// The 1-based line where `key = ...` is set, for a value that parsed but is invalid.
+fn line_of_key(text: &str, key: &str) -> Option<usize> {
+    text.lines()
+        .position(|line| {
+            line.split_once('=')
+                .is_some_and(|(name, _)| name.trim().trim_matches('"') == key)
+        })
+        .map(|index| index + 1)
+}
+
+/// The effective settings, as `check-config` prints them (valid TOML).
 pub fn describe(args: &DaemonArgs) -> String {
     let s = &args.sampling;
     format!(
@@ -184,67 +254,4 @@ pub fn describe(args: &DaemonArgs) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use clap::{CommandFactory, FromArgMatches};
-
-    use super::*;
-    use crate::cli::Cli;
-
-    fn daemon_args(argv: &[&str]) -> (DaemonArgs, ArgMatches) {
-        let matches = Cli::command().get_matches_from(argv);
-        let cli = Cli::from_arg_matches(&matches).expect("valid arguments");
-        (cli.daemon, matches)
-    }
-
-    #[test]
-    fn an_unknown_key_is_named() {
-        let err = Config::parse("frequency = 99\nfrequncy = 5\n", "test.toml").expect_err("typo must fail");
-        let message = err.to_string();
-        assert!(
-            message.contains("frequncy") && message.contains("test.toml"),
-            "{message}"
-        );
-        assert!(!message.contains('\n'), "one line: {message}");
-    }
-
-    #[test]
-    fn a_bad_value_is_named_with_its_range() {
-        let err = Config::parse("frequency = 0\n", "t.toml").expect_err("0 Hz must fail");
-        assert_eq!(
-            err.to_string(),
-            "t.toml: frequency = 0 is out of range; expected 1 to 10000"
-        );
-        let err = Config::parse("listen = \"nowhere\"\n", "t.toml").expect_err("a bad address must fail");
-        assert!(err.to_string().contains("listen"), "{err}");
-    }
-
-    #[test]
-    fn flags_override_the_file_which_overrides_defaults() {
-        let config = Config::parse(
-            "frequency = 199\nretention_seconds = 600\nlisten = \"127.0.0.1:9000\"\n",
-            "t",
-        )
-        .expect("valid");
-        let (mut args, matches) = daemon_args(&["profilerd", "--frequency", "49"]);
-        config.apply(&mut args, &matches);
-        assert_eq!(args.sampling.frequency, 49, "the flag wins");
-        assert_eq!(args.retention_seconds, 600, "the file beats the default");
-        assert_eq!(args.listen.to_string(), "127.0.0.1:9000");
-        assert_eq!(args.store_max_mb, 64, "untouched keys keep their default");
-    }
-
-    #[test]
-    fn the_shipped_default_config_is_valid_and_documents_every_key() {
-        let text = include_str!("../../deploy/profilerd.toml");
-        Config::parse(text, "deploy/profilerd.toml").expect("the shipped config parses");
-        for key in ["listen", "retention_seconds", "store_max_mb"]
-            .iter()
-            .chain(RANGES.iter().map(|(key, _)| key))
-        {
-            assert!(
-                text.contains(&format!("# {key} =")),
-                "deploy/profilerd.toml should document {key}"
-            );
-        }
-    }
-}
+mod tests;

@@ -1,9 +1,13 @@
 //! `profilerd` without a subcommand: sample continuously and serve pprof
 //! over HTTP until stopped.
 
-use std::{net::SocketAddr, sync::Arc, time::Duration};
+use std::{
+    net::SocketAddr,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
-use tokio::net::TcpListener;
+use tokio::{net::TcpListener, sync::watch};
 
 use crate::{
     cli::DaemonArgs,
@@ -47,31 +51,71 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     if let Err(err) = sd_notify::notify(&[sd_notify::NotifyState::Ready]) {
         tracing::warn!("telling systemd we are ready failed: {err}");
     }
-    let served = serve::serve(
-        listener,
-        ServeState::new(pipeline.clone(), retention),
-        wait_for_shutdown_signal(),
-    )
-    .await;
+    // The signal's instant: the start of the stop budget.
+    let (signalled, on_signal) = watch::channel(None);
+    let shutdown = async move {
+        wait_for_shutdown_signal().await;
+        // At once, not after the in-flight responses: systemd shows "deactivating".
+        let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
+        let _ = signalled.send(Some(Instant::now()));
+    };
+    let served = tokio::select! {
+        served = serve::serve(listener, ServeState::new(pipeline.clone(), retention), shutdown) => served,
+        () = after_signal(on_signal.clone(), GRACE) => {
+            // A client that stalls mid-request (or reads a large answer
+            // slowly) would otherwise hold the exit until systemd kills us.
+            tracing::warn!("connections still open {GRACE:?} after the stop signal; closing them");
+            Ok(())
+        }
+    };
     tracing::info!("stopping");
-    let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
-    shutdown(pipeline).await;
+    let deadline = signal_instant(&on_signal).unwrap_or_else(Instant::now) + STOP_BUDGET;
+    if tokio::time::timeout_at(deadline.into(), shutdown_pipeline(pipeline))
+        .await
+        .is_err()
+    {
+        // Exiting closes every BPF descriptor: the kernel detaches the programs.
+        tracing::warn!("the pipeline did not stop within {STOP_BUDGET:?} of the signal; exiting without it");
+    }
     served.map_err(DaemonError::Serve)
 }
 
+/// How long in-flight responses may take after SIGTERM/SIGINT before their
+/// connections are closed.
+const GRACE: Duration = Duration::from_secs(3);
+
+/// From the signal to returning from [`run`]: within the 5 s the daemon
+/// promises (systemd's TimeoutStopSec is 10 s).
+const STOP_BUDGET: Duration = Duration::from_millis(4500);
+
+fn signal_instant(on_signal: &watch::Receiver<Option<Instant>>) -> Option<Instant> {
+    *on_signal.borrow()
+}
+
+/// Resolves `grace` after the stop signal; never if there is none.
+async fn after_signal(mut on_signal: watch::Receiver<Option<Instant>>, grace: Duration) {
+    match on_signal.wait_for(Option::is_some).await {
+        Ok(at) => {
+            let at = at.unwrap_or_else(Instant::now);
+            tokio::time::sleep_until((at + grace).into()).await;
+        }
+        // The sender is gone without a signal: the server ended by itself.
+        Err(_) => std::future::pending().await,
+    }
+}
+
 /// Shuts the pipeline down once the server has released its handles (the
-/// server returns only after its last connection closed, so that is at once).
-async fn shutdown(mut pipeline: Arc<Pipeline>) {
-    for _ in 0..100 {
+/// server returns only after its last connection closed, so that is at once,
+/// unless connections were cut after the grace period: their tasks drop
+/// their handles as the runtime cancels them).
+async fn shutdown_pipeline(mut pipeline: Arc<Pipeline>) {
+    loop {
         match Arc::try_unwrap(pipeline) {
             Ok(pipeline) => return pipeline.shutdown().await,
             Err(shared) => pipeline = shared,
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    // Dropping the last handle still stops the threads and detaches the
-    // programs; it only does not wait for them.
-    tracing::warn!("the pipeline is still in use; exiting without waiting for it");
 }
 
 /// Resolves on SIGINT or SIGTERM.

@@ -1,4 +1,4 @@
-use std::{io::IsTerminal, process::ExitCode};
+use std::{io::IsTerminal, path::Path, process::ExitCode, time::Duration};
 
 use clap::{CommandFactory, FromArgMatches};
 use profilerd::{
@@ -29,15 +29,19 @@ fn main() -> ExitCode {
             }
             Err(err) => {
                 eprintln!("profilerd: {err}");
-                ExitCode::FAILURE
+                ExitCode::from(config::EXIT_CONFIG)
             }
         };
     }
-    if cli.command.is_none()
-        && let Err(err) = apply_config_file(&mut cli, &matches)
-    {
-        eprintln!("profilerd: {err}");
-        return ExitCode::FAILURE;
+    if cli.command.is_none() {
+        match config::apply_file(&mut cli.daemon, &matches, Path::new(config::DEFAULT_PATH)) {
+            Ok(Some(path)) => tracing::info!(path = %path.display(), "configuration loaded"),
+            Ok(None) => {}
+            Err(err) => {
+                eprintln!("profilerd: {err}");
+                return ExitCode::from(config::EXIT_CONFIG);
+            }
+        }
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -57,6 +61,9 @@ fn main() -> ExitCode {
             None => Ok(profilerd::daemon::run(cli.daemon).await?),
         }
     });
+    // Dropping the runtime would wait for every blocking task, such as a
+    // thread join the daemon gave up on to exit within its stop budget.
+    runtime.shutdown_timeout(Duration::from_millis(200));
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
@@ -64,18 +71,4 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-/// The daemon's config file: the one named by --config (which must exist),
-/// else the default path if present.
-fn apply_config_file(cli: &mut Cli, matches: &clap::ArgMatches) -> Result<(), config::ConfigError> {
-    let path = match &cli.daemon.config {
-        Some(path) => path.clone(),
-        None if std::path::Path::new(config::DEFAULT_PATH).exists() => config::DEFAULT_PATH.into(),
-        None => return Ok(()),
-    };
-    let config = Config::load(&path)?;
-    config.apply(&mut cli.daemon, matches);
-    tracing::info!(path = %path.display(), "configuration loaded");
-    Ok(())
 }

@@ -1,7 +1,9 @@
 //! Test harness: runs real workloads under the real profilerd binary and reads
 //! what it wrote. Everything here panics with a message saying what was expected.
 
+pub mod container;
 pub mod daemon;
+pub mod rootfs;
 
 use std::{
     collections::HashMap,

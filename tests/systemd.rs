@@ -1,0 +1,388 @@
+//! deploy/ under a real systemd: a Debian bookworm system (debootstrap, built
+//! once into /var/cache/profilerd-tests/rootfs) boots in systemd-nspawn,
+//! deploy/install.sh installs the unit, and the service is checked from the
+//! host: notify readiness, /pprof on the default address with a host
+//! workload's hot function and named kernel frames, the unit's user and
+//! capabilities, a stop that leaves no BPF program behind and exits 0 within
+//! 5 s even with requests in flight, restart, a config with an unknown key
+//! (start fails, key named in the journal), and uninstall.
+//!
+//! The container shares the host's network (so 127.0.0.1:7040 inside is
+//! 127.0.0.1:7040 here) but not its pid namespace, while BPF reports host
+//! pids. A drop-in binds the host's /proc over the service's /proc so that
+//! the daemon sees what it would see on a host; everything else is the
+//! shipped unit. See ../shared/notes/systemd-testing.md for the set-up facts.
+
+use std::{
+    collections::BTreeSet,
+    io::Write,
+    net::TcpStream,
+    path::Path,
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use profilerd_tests::{
+    Workload, artifacts_dir,
+    container::{Container, assert_ok},
+    daemon::go_pprof,
+    profilerd_bin,
+    rootfs::{CACHE, FileLock, cached_rootfs},
+    serial,
+};
+/// The unit's default address, reachable from the host (shared network).
+const ADDRESS: &str = "127.0.0.1:7040";
+/// Our BPF programs, as `bpftool prog show` names them.
+const PROGRAMS: [&str; 3] = ["sample", "on_exec", "on_exit"];
+/// The capabilities the unit grants (CapEff of the service's process).
+const UNIT_CAPS: [u32; 6] = [
+    2,  // CAP_DAC_READ_SEARCH
+    19, // CAP_SYS_PTRACE
+    34, // CAP_SYSLOG
+    38, // CAP_PERFMON
+    39, // CAP_BPF
+    40, // CAP_CHECKPOINT_RESTORE
+];
+
+#[test]
+fn the_unit_runs_under_a_real_systemd() {
+    let _serial = serial();
+    // One run of this test per machine at a time: they would fight over 7040.
+    let _machine_lock = FileLock::acquire(&Path::new(CACHE).join("systemd-test.lock"));
+    assert_port_free();
+    let rootfs = cached_rootfs();
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the repository root");
+    let ct = Container::boot(&rootfs, repo, &profilerd_bin());
+
+    // The daemon runs in the container's pid namespace but BPF reports host
+    // pids: give the service the host's /proc, as on a host (test-only).
+    ct.sh("mkdir -p /etc/systemd/system/profilerd.service.d && printf '[Service]\\nBindReadOnlyPaths=/run/host-proc:/proc\\n' > /etc/systemd/system/profilerd.service.d/50-test-host-proc.conf");
+
+    // install.sh: files in place, daemon-reload, enable, start.
+    let installed = ct.run(&["/opt/profilerd/deploy/install.sh"]);
+    assert_ok(&installed, "deploy/install.sh inside the container");
+    // Type=notify: the start job (which install.sh waited for) finishes only
+    // at READY=1, sent after the attach and the bind: the first request works.
+    assert_eq!(ct.output(&["systemctl", "is-active", "profilerd"]), "active");
+    assert_eq!(ct.output(&["systemctl", "is-enabled", "profilerd"]), "enabled");
+    let http = Http::new(Duration::from_secs(30));
+    let metrics = http
+        .get("/metrics")
+        .unwrap_or_else(|err| panic!("GET /metrics right after the start job: {err}"));
+    assert_eq!(metrics.0, 200, "/metrics: {}", metrics.1);
+
+    // Who it runs as: a dynamic user with exactly the unit's capabilities.
+    let host_pid = ct.service_host_pid();
+    let status = std::fs::read_to_string(format!("/proc/{host_pid}/status")).expect("the service's status");
+    let uid = status_field(&status, "Uid:");
+    assert!(
+        !uid.starts_with("0\t") && !uid.is_empty(),
+        "the service must not run as root: Uid {uid}"
+    );
+    let cap_eff = u64::from_str_radix(&status_field(&status, "CapEff:"), 16).expect("CapEff in hex");
+    let expected = UNIT_CAPS.iter().fold(0u64, |caps, bit| caps | 1 << bit);
+    assert_eq!(cap_eff, expected, "CapEff {cap_eff:#x}, expected {expected:#x}");
+
+    // A host workload's hot function, symbolized by the daemon itself
+    // (-symbolize=none: go tool pprof would otherwise fill in names from the
+    // binary on this host and hide a failure).
+    let split = Workload::spawn(env!("WORKLOAD_SPLIT"), &["30"]);
+    std::thread::sleep(Duration::from_secs(4));
+    let top = top_of(
+        &http,
+        &format!("/pprof?pid={}&seconds=3", split.pid()),
+        "systemd-split.pb.gz",
+    );
+    assert!(
+        top.contains(" hot_a\n"),
+        "the hot function of the host workload (pid {}) should be named:\n{top}\n{}",
+        split.pid(),
+        diagnostics(&ct, &http)
+    );
+
+    // Kernel frames named, not [unknown]: /proc/kallsyms readable, CAP_SYSLOG kept.
+    let (kernel, unknown) = kernel_locations(&http);
+    assert!(
+        kernel > 0 && unknown * 20 <= kernel,
+        "kernel frames: {unknown} of {kernel} locations unresolved"
+    );
+
+    // Journald has the logs: a few lines, no per-sample lines, no colour codes.
+    let journal = ct.output(&["journalctl", "-b", "-u", "profilerd", "-o", "cat", "--no-pager"]);
+    assert!(journal.contains("sampler attached"), "journal:\n{journal}");
+    assert!(
+        !journal.contains('\u{1b}'),
+        "no ANSI escapes in the journal:\n{journal}"
+    );
+    assert!(
+        journal.lines().count() < 30,
+        "a quiet daemon logs a few lines, not one per sample:\n{journal}"
+    );
+
+    // systemctl stop with a blocking profile request and a stalled client in
+    // flight: exit 0 within 5 s, and every program of ours unloaded.
+    let ours = program_ids(host_pid);
+    let names: BTreeSet<String> = ours.iter().filter_map(|id| program_name(*id)).collect();
+    assert_eq!(
+        names,
+        PROGRAMS.iter().map(|name| (*name).to_owned()).collect(),
+        "program ids {ours:?}"
+    );
+    let blocking = std::thread::spawn(|| {
+        let started = Instant::now();
+        let result = Http::new(Duration::from_secs(15)).get("/debug/pprof/profile?seconds=30");
+        (result, started.elapsed())
+    });
+    let mut stalled = TcpStream::connect(ADDRESS).expect("connecting a stalled client");
+    stalled
+        .write_all(b"GET /pprof?seconds=1 HTTP/1.1\r\nHost: test\r\n")
+        .expect("half a request");
+    std::thread::sleep(Duration::from_millis(500));
+    let stopping = Instant::now();
+    assert_ok(&ct.run(&["systemctl", "stop", "profilerd"]), "systemctl stop");
+    let stop_took = stopping.elapsed();
+    let (result, took) = blocking.join().expect("the blocking request's thread");
+    match result {
+        Ok((status, body)) => assert_eq!(status, 200, "the in-flight profile: {body}"),
+        Err(err) => panic!("the in-flight /debug/pprof/profile failed: {err}"),
+    }
+    assert!(
+        took < Duration::from_secs(5),
+        "the in-flight profile took {took:?}"
+    );
+    assert!(
+        stop_took < Duration::from_secs(5),
+        "systemctl stop took {stop_took:?}"
+    );
+    let show = ct.output(&[
+        "systemctl",
+        "show",
+        "profilerd",
+        "-p",
+        "Result",
+        "-p",
+        "ExecMainStatus",
+    ]);
+    assert!(
+        show.contains("Result=success") && show.contains("ExecMainStatus=0"),
+        "a clean exit on SIGTERM:\n{show}"
+    );
+    drop(stalled);
+    let left = wait_unloaded(&ours, Duration::from_secs(5));
+    assert!(left.is_empty(), "BPF programs still loaded after stop: {left:?}");
+
+    // restart: active again, a new process, and it samples.
+    assert_ok(&ct.run(&["systemctl", "start", "profilerd"]), "systemctl start");
+    let before = ct.service_host_pid();
+    let before_ids = program_ids(before);
+    assert_ok(
+        &ct.run(&["systemctl", "restart", "profilerd"]),
+        "systemctl restart",
+    );
+    assert_eq!(ct.output(&["systemctl", "is-active", "profilerd"]), "active");
+    let after = ct.service_host_pid();
+    assert_ne!(before, after, "restart starts a new process");
+    let unloaded = wait_unloaded(&before_ids, Duration::from_secs(5));
+    assert!(
+        unloaded.is_empty(),
+        "restart left programs of the old process: {unloaded:?}"
+    );
+    let after_ids = program_ids(after);
+    let split = Workload::spawn(env!("WORKLOAD_SPLIT"), &["30"]);
+    std::thread::sleep(Duration::from_secs(4));
+    let top = top_of(
+        &http,
+        &format!("/pprof?pid={}&seconds=3", split.pid()),
+        "systemd-restart.pb.gz",
+    );
+    assert!(
+        top.contains(" hot_a\n"),
+        "after restart:\n{top}\n{}",
+        diagnostics(&ct, &http)
+    );
+    drop(split);
+
+    // A config with an unknown key: the start fails (once: exit 78 is not
+    // restarted), and the journal names the key.
+    ct.sh("cp /etc/profilerd/profilerd.toml /root/profilerd.toml.good && printf 'frequency = 99\\nsampling_hz = 5\\n' > /etc/profilerd/profilerd.toml");
+    let restart = ct.run(&["systemctl", "restart", "profilerd"]);
+    assert!(
+        !restart.status.success(),
+        "the start must fail with an unknown key"
+    );
+    let show = ct.output(&[
+        "systemctl",
+        "show",
+        "profilerd",
+        "-p",
+        "ExecMainStatus",
+        "-p",
+        "NRestarts",
+    ]);
+    assert!(
+        show.contains("ExecMainStatus=78") && show.contains("NRestarts=0"),
+        "exit 78 (EX_CONFIG), not restarted:\n{show}"
+    );
+    assert_eq!(ct.output(&["systemctl", "is-active", "profilerd"]), "failed");
+    let journal = ct.output(&["journalctl", "-b", "-u", "profilerd", "-o", "cat", "--no-pager"]);
+    assert!(
+        journal.contains("/etc/profilerd/profilerd.toml:2: unknown field `sampling_hz`"),
+        "the journal should name the key and its line:\n{journal}"
+    );
+    let left = wait_unloaded(&after_ids, Duration::from_secs(5));
+    assert!(
+        left.is_empty(),
+        "programs left after the failed restart: {left:?}"
+    );
+
+    // Uninstall: stopped, disabled, binary and unit gone, the edited config kept.
+    ct.sh("cp /root/profilerd.toml.good /etc/profilerd/profilerd.toml");
+    assert_ok(
+        &ct.run(&["/opt/profilerd/deploy/install.sh", "--uninstall"]),
+        "install.sh --uninstall",
+    );
+    ct.sh("test ! -e /usr/local/bin/profilerd && test ! -e /etc/systemd/system/profilerd.service && test -e /etc/profilerd/profilerd.toml");
+    assert_ne!(ct.output(&["systemctl", "is-enabled", "profilerd"]), "enabled");
+}
+
+/// Someone else's daemon on 7040 would answer in place of the one under test.
+fn assert_port_free() {
+    if TcpStream::connect(ADDRESS).is_ok() {
+        let who = Command::new("ss")
+            .args(["-ltnp", "sport = :7040"])
+            .output()
+            .map(|output| String::from_utf8_lossy(&output.stdout).into_owned())
+            .unwrap_or_default();
+        panic!(
+            "{ADDRESS} is already in use, and the unit under test listens there (its default address, \
+             reached from the host through the container's shared network). Stop that process and \
+             run again:\n{who}"
+        );
+    }
+}
+
+struct Http {
+    agent: ureq::Agent,
+}
+
+impl Http {
+    fn new(timeout: Duration) -> Self {
+        let agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(timeout))
+            .build()
+            .into();
+        Self { agent }
+    }
+
+    /// (status, body as text, lossy) or the transport error.
+    fn get(&self, path: &str) -> Result<(u16, String), ureq::Error> {
+        let (status, body) = self.get_bytes(path)?;
+        Ok((status, String::from_utf8_lossy(&body).into_owned()))
+    }
+
+    fn get_bytes(&self, path: &str) -> Result<(u16, Vec<u8>), ureq::Error> {
+        let mut response = self.agent.get(format!("http://{ADDRESS}{path}")).call()?;
+        let status = response.status().as_u16();
+        let body = response.body_mut().with_config().limit(256 << 20).read_to_vec()?;
+        Ok((status, body))
+    }
+
+    /// A profile saved under tests/artifacts.
+    fn pprof(&self, path: &str, name: &str) -> String {
+        let (status, body) = self
+            .get_bytes(path)
+            .unwrap_or_else(|err| panic!("GET {path}: {err}"));
+        assert_eq!(status, 200, "GET {path}: {}", String::from_utf8_lossy(&body));
+        let file = artifacts_dir().join(name);
+        std::fs::write(&file, body).expect("saving the profile");
+        file.display().to_string()
+    }
+}
+
+/// What the daemon says about its symbolization, and its journal.
+fn diagnostics(ct: &Container, http: &Http) -> String {
+    let metrics = http.get("/metrics").map(|(_, text)| text).unwrap_or_default();
+    let counters: Vec<&str> = metrics
+        .lines()
+        .filter(|line| line.starts_with("profilerd_symbol") || line.starts_with("profilerd_process"))
+        .collect();
+    let journal = ct.output(&["journalctl", "-b", "-u", "profilerd", "-o", "cat", "--no-pager"]);
+    format!("metrics:\n{}\njournal:\n{journal}", counters.join("\n"))
+}
+
+/// `go tool pprof -top` of a profile, with the daemon's symbols only.
+fn top_of(http: &Http, path: &str, name: &str) -> String {
+    let file = http.pprof(path, name);
+    go_pprof(&["-symbolize=none", "-top", "-nodecount=20", &file])
+}
+
+/// (kernel locations, unresolved ones) in a whole-system profile.
+fn kernel_locations(http: &Http) -> (usize, usize) {
+    let file = http.pprof("/pprof?seconds=3", "systemd-system.pb.gz");
+    let raw = go_pprof(&["-symbolize=none", "-raw", &file]);
+    let kernel: Vec<&str> = raw
+        .lines()
+        .skip_while(|line| *line != "Locations")
+        .take_while(|line| *line != "Mappings")
+        .filter(|line| {
+            line.trim_start()
+                .split_once(": ")
+                .is_some_and(|(_, rest)| rest.starts_with("0xffffffff"))
+        })
+        .collect();
+    let unknown = kernel.iter().filter(|line| line.contains("[unknown]")).count();
+    (kernel.len(), unknown)
+}
+
+/// The BPF programs a process holds, from its descriptors' fdinfo.
+fn program_ids(pid: u32) -> BTreeSet<u32> {
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
+        .unwrap_or_else(|err| panic!("reading /proc/{pid}/fdinfo: {err}"));
+    fds.filter_map(Result::ok)
+        .filter_map(|entry| std::fs::read_to_string(entry.path()).ok())
+        .flat_map(|info| {
+            info.lines()
+                .filter_map(|line| line.strip_prefix("prog_id:")?.trim().parse().ok())
+                .collect::<Vec<u32>>()
+        })
+        .collect()
+}
+
+fn program_name(id: u32) -> Option<String> {
+    let output = Command::new("bpftool")
+        .args(["prog", "show", "id", &id.to_string()])
+        .output()
+        .expect("running bpftool (scripts/setup.sh installs it)");
+    let text = String::from_utf8_lossy(&output.stdout);
+    let mut words = text.split_whitespace();
+    words.find(|word| *word == "name")?;
+    words.next().map(str::to_owned)
+}
+
+/// The ids still loaded once `timeout` has passed (the kernel frees
+/// programs shortly after their last descriptor closes).
+fn wait_unloaded(ids: &BTreeSet<u32>, timeout: Duration) -> Vec<u32> {
+    let started = Instant::now();
+    loop {
+        let left: Vec<u32> = ids
+            .iter()
+            .copied()
+            .filter(|id| program_name(*id).is_some())
+            .collect();
+        if left.is_empty() || started.elapsed() > timeout {
+            return left;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn status_field(status: &str, name: &str) -> String {
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix(name))
+        .map(|value| value.trim().to_owned())
+        .unwrap_or_default()
+}
