@@ -85,22 +85,7 @@ fn the_unit_runs_under_a_real_systemd() {
     let expected = UNIT_CAPS.iter().fold(0u64, |caps, bit| caps | 1 << bit);
     assert_eq!(cap_eff, expected, "CapEff {cap_eff:#x}, expected {expected:#x}");
 
-    // A host workload's hot function, symbolized by the daemon itself
-    // (-symbolize=none: go tool pprof would otherwise fill in names from the
-    // binary on this host and hide a failure).
-    let split = Workload::spawn(env!("WORKLOAD_SPLIT"), &["30"]);
-    std::thread::sleep(Duration::from_secs(4));
-    let top = top_of(
-        &http,
-        &format!("/pprof?pid={}&seconds=3", split.pid()),
-        "systemd-split.pb.gz",
-    );
-    assert!(
-        top.contains(" hot_a\n"),
-        "the hot function of the host workload (pid {}) should be named:\n{top}\n{}",
-        split.pid(),
-        diagnostics(&ct, &http)
-    );
+    let _split = assert_serves_hot_function(&ct, &http, "systemd-split.pb.gz", "after install");
 
     // Kernel frames named, not [unknown]: /proc/kallsyms readable, CAP_SYSLOG kept.
     let (kernel, unknown) = kernel_locations(&http);
@@ -190,19 +175,12 @@ fn the_unit_runs_under_a_real_systemd() {
         "restart left programs of the old process: {unloaded:?}"
     );
     let after_ids = program_ids(after);
-    let split = Workload::spawn(env!("WORKLOAD_SPLIT"), &["30"]);
-    std::thread::sleep(Duration::from_secs(4));
-    let top = top_of(
+    drop(assert_serves_hot_function(
+        &ct,
         &http,
-        &format!("/pprof?pid={}&seconds=3", split.pid()),
         "systemd-restart.pb.gz",
-    );
-    assert!(
-        top.contains(" hot_a\n"),
-        "after restart:\n{top}\n{}",
-        diagnostics(&ct, &http)
-    );
-    drop(split);
+        "after restart",
+    ));
 
     // A config with an unknown key: the start fails (once: exit 78 is not
     // restarted), and the journal names the key.
@@ -300,6 +278,23 @@ impl Http {
         std::fs::write(&file, body).expect("saving the profile");
         file.display().to_string()
     }
+}
+
+/// Starts a host workload and checks that its hot function is in /pprof,
+/// symbolized by the daemon itself (-symbolize=none: go tool pprof would
+/// otherwise fill in names from the binary on this host and hide a failure).
+/// The workload keeps running until the returned handle is dropped.
+fn assert_serves_hot_function(ct: &Container, http: &Http, artifact: &str, when: &str) -> Workload {
+    let split = Workload::spawn(env!("WORKLOAD_SPLIT"), &["30"]);
+    std::thread::sleep(Duration::from_secs(4));
+    let top = top_of(http, &format!("/pprof?pid={}&seconds=3", split.pid()), artifact);
+    assert!(
+        top.contains(" hot_a\n"),
+        "{when}: the hot function of the host workload (pid {}) should be named:\n{top}\n{}",
+        split.pid(),
+        diagnostics(ct, http)
+    );
+    split
 }
 
 /// What the daemon says about its symbolization, and its journal.

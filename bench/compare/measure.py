@@ -15,6 +15,7 @@ Protocol of `measure` (the same for every tool):
  7. read its output, keep the workload's stacks, score them.
 Whatever fails, the tool's process group and the workload are killed.
 """
+import contextlib
 import os
 import re
 import statistics
@@ -126,44 +127,54 @@ def percentile(values, fraction):
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
+@contextlib.contextmanager
+def profilerd_sampling(ctx, workload, run_id, budget_s):
+    """profilerd at 99 Hz with the workload running, for profilerd's extra
+    measurements: yields (tool, process, time of its first sample); both are
+    stopped whatever happens."""
+    tool = tools.Profilerd(ctx)
+    running = Running(workload, budget_s, ctx.work)
+    proc = None
+    try:
+        settle()
+        run = {"id": run_id, "workload_pid": None}
+        proc = tool.start(run)
+        first = tool.first_sample(run, proc, proc.launched + ctx.startup_timeout)
+        if first is None:
+            raise RuntimeError(f"profilerd did not start sampling within {ctx.startup_timeout} s")
+        yield tool, proc, first
+    finally:
+        if proc:
+            proc.kill()
+        running.stop()
+
+
 def pprof_latency(ctx, workload):
     """profilerd at 99 Hz with both CPUs busy for WINDOW s, then CALLS
     sequential GET /pprof?seconds=WINDOW (the whole system)."""
     window, calls = ctx.latency_window, ctx.latency_calls
     result = {"window_s": window, "calls": calls}
-    tool = tools.Profilerd(ctx)
-    run = {"id": "profilerd-latency", "workload_pid": None}
-    running = Running(workload, window + ctx.startup_timeout + calls * 5 + 60, ctx.work)
-    proc = None
+    budget = window + ctx.startup_timeout + calls * 5 + 60
     try:
-        settle()
-        proc = tool.start(run)
-        first = tool.first_sample(run, proc, proc.launched + ctx.startup_timeout)
-        if first is None:
-            result["error"] = "profilerd did not start sampling"
-            return result
-        sleep_until(first + window + 1)
-        latencies, sizes = [], []
-        cpu_before = tree_cpu_ns(proc.pid)
-        for _ in range(calls):
-            started = time.monotonic()
-            body = tools.http_get(tool.url(f"/pprof?seconds={window}"), timeout=60)
-            latencies.append(time.monotonic() - started)
-            sizes.append(len(body))
-        result.update({
-            "p50_ms": percentile(latencies, 0.5) * 1000,
-            "p99_ms": percentile(latencies, 0.99) * 1000,
-            "max_ms": max(latencies) * 1000,
-            "mean_ms": statistics.mean(latencies) * 1000,
-            "cpu_ms_per_call": (tree_cpu_ns(proc.pid) - cpu_before) / 1e6 / calls,
-            "bytes": statistics.median(sizes),
-        })
+        with profilerd_sampling(ctx, workload, "profilerd-latency", budget) as (tool, proc, first):
+            sleep_until(first + window + 1)
+            latencies, sizes = [], []
+            cpu_before = tree_cpu_ns(proc.pid)
+            for _ in range(calls):
+                started = time.monotonic()
+                body = tools.http_get(tool.url(f"/pprof?seconds={window}"), timeout=60)
+                latencies.append(time.monotonic() - started)
+                sizes.append(len(body))
+            result.update({
+                "p50_ms": percentile(latencies, 0.5) * 1000,
+                "p99_ms": percentile(latencies, 0.99) * 1000,
+                "max_ms": max(latencies) * 1000,
+                "mean_ms": statistics.mean(latencies) * 1000,
+                "cpu_ms_per_call": (tree_cpu_ns(proc.pid) - cpu_before) / 1e6 / calls,
+                "bytes": statistics.median(sizes),
+            })
     except Exception as err:  # noqa: BLE001
         result["error"] = f"{type(err).__name__}: {err}"
-    finally:
-        if proc:
-            proc.kill()
-        running.stop()
     return result
 
 
@@ -175,55 +186,49 @@ def self_profile(ctx, workload):
     functions; and what its resident memory is made of."""
     seconds = ctx.duration
     result = {"seconds": seconds}
-    tool = tools.Profilerd(ctx)
-    run = {"id": "profilerd-self", "workload_pid": None}
-    running = Running(workload, seconds + ctx.warmup + ctx.startup_timeout + 60, ctx.work)
-    proc = None
     data = os.path.join(ctx.work, "self.perf.data")
+    budget = seconds + ctx.warmup + ctx.startup_timeout + 60
     try:
-        settle()
-        proc = tool.start(run)
-        first = tool.first_sample(run, proc, proc.launched + ctx.startup_timeout)
-        if first is None:
-            result["error"] = "profilerd did not start sampling"
-            return result
-        sleep_until(first + ctx.warmup)
-        before, started, forks = thread_cpu_ns(proc.pid), time.monotonic(), forks_total()
-        subprocess.run(["perf", "record", "-e", "cpu-clock", "-c", "250000", "-g", "-p", str(proc.pid), "-o", data,
-                        "--", "sleep", str(seconds)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
-        after, elapsed = thread_cpu_ns(proc.pid), time.monotonic() - started
-        result["forks_per_s"] = (forks_total() - forks) / elapsed
-        result["peak_rss_kib"] = tree_hwm_kib(proc.pid)
-        result["rss_now_kib"], result["rss_top_kib"] = rss_by_mapping(proc.pid)
-        threads = {}
-        for (tid, name), ns in after.items():
-            threads[name] = threads.get(name, 0) + ns - before.get((tid, name), 0)
-        total = sum(threads.values())
-        result["elapsed_s"] = elapsed
-        result["cpu_pct"] = total / 1e9 / elapsed * 100
-        result["threads"] = sorted(([name, ns / 1e9 / elapsed * 100] for name, ns in threads.items() if ns > 0),
-                                   key=lambda item: -item[1])
-        script = subprocess.run(["perf", "script", "-i", data, "-F", "comm,pid,tid,time,ip,sym,dso"],
-                                capture_output=True, text=True).stdout
-        found, _ = stacks.perf_script(script)
-        by_self, _ = stacks.top_functions(found, limit=15)
-        own = [s._replace(user=[f for f in s.user if OWN_CODE.search(f) and not GLUE.search(f)]) for s in found]
-        _, by_total = stacks.top_functions([s._replace(kernel=[]) for s in own], limit=15)
-        result["samples"] = sum(s.count for s in found)
-        result["top_self"], result["top_total"] = by_self, by_total
-        by_thread = {}
-        for s in found:
-            by_thread[s.comm] = by_thread.get(s.comm, 0) + s.count
-        result["samples_by_thread"] = sorted(by_thread.items(), key=lambda item: -item[1])
+        with profilerd_sampling(ctx, workload, "profilerd-self", budget) as (_, proc, first):
+            sleep_until(first + ctx.warmup)
+            _profile_itself(result, proc.pid, seconds, data)
     except Exception as err:  # noqa: BLE001
         result["error"] = f"{type(err).__name__}: {err}"
     finally:
-        if proc:
-            proc.kill()
-        running.stop()
         if os.path.exists(data):
             os.unlink(data)
     return result
+
+
+def _profile_itself(result, pid, seconds, data):
+    """The self-profile's window: per-thread CPU, perf record, memory."""
+    before, started, forks = thread_cpu_ns(pid), time.monotonic(), forks_total()
+    subprocess.run(["perf", "record", "-e", "cpu-clock", "-c", "250000", "-g", "-p", str(pid), "-o", data,
+                    "--", "sleep", str(seconds)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+    after, elapsed = thread_cpu_ns(pid), time.monotonic() - started
+    result["forks_per_s"] = (forks_total() - forks) / elapsed
+    result["peak_rss_kib"] = tree_hwm_kib(pid)
+    result["rss_now_kib"], result["rss_top_kib"] = rss_by_mapping(pid)
+    threads = {}
+    for (tid, name), ns in after.items():
+        threads[name] = threads.get(name, 0) + ns - before.get((tid, name), 0)
+    total = sum(threads.values())
+    result["elapsed_s"] = elapsed
+    result["cpu_pct"] = total / 1e9 / elapsed * 100
+    result["threads"] = sorted(([name, ns / 1e9 / elapsed * 100] for name, ns in threads.items() if ns > 0),
+                               key=lambda item: -item[1])
+    script = subprocess.run(["perf", "script", "-i", data, "-F", "comm,pid,tid,time,ip,sym,dso"],
+                            capture_output=True, text=True).stdout
+    found, _ = stacks.perf_script(script)
+    by_self, _ = stacks.top_functions(found, limit=15)
+    own = [s._replace(user=[f for f in s.user if OWN_CODE.search(f) and not GLUE.search(f)]) for s in found]
+    _, by_total = stacks.top_functions([s._replace(kernel=[]) for s in own], limit=15)
+    result["samples"] = sum(s.count for s in found)
+    result["top_self"], result["top_total"] = by_self, by_total
+    by_thread = {}
+    for s in found:
+        by_thread[s.comm] = by_thread.get(s.comm, 0) + s.count
+    result["samples_by_thread"] = sorted(by_thread.items(), key=lambda item: -item[1])
 
 
 # the daemon's and its libraries' functions, for the inclusive list; the

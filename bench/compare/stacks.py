@@ -14,10 +14,10 @@ def _name(frame):
     return _OFFSET.sub("", frame.strip())
 
 
-def profilerd_folded(text, pid=None):
-    """profilerd's folded output: `comm;root;...;user leaf;kernel..._[k] COUNT`
-    (kernel frames, suffixed _[k], come after the user frames; inlined frames
-    end in _[i])."""
+def folded(text, pid=None):
+    """Folded stacks as profilerd and bcc's `profile -f -a` write them:
+    `comm;user root;...;user leaf;kernel root_[k];... COUNT`, kernel frames
+    suffixed _[k] and (profilerd) inlined frames _[i]."""
     stacks = []
     for line in text.splitlines():
         frames, _, count = line.rpartition(" ")
@@ -105,20 +105,6 @@ def bpftrace_map(text):
             comm = comm[2:]  # both separators on the last line: empty user stack
         stacks.append(Stack(comm, None, user[::-1], kernel[::-1], int(end.group(1))))
         entry = None
-    return stacks
-
-
-def bcc_folded(text):
-    """bcc profile -f -a: `comm;user root;...;user leaf;kernel root_[k];... COUNT`."""
-    stacks = []
-    for line in text.splitlines():
-        frames, _, count = line.rpartition(" ")
-        if not frames or not count.isdigit():
-            continue
-        comm, *rest = frames.split(";")
-        user = [f for f in rest if not f.endswith("_[k]")]
-        kernel = [f.removesuffix("_[k]") for f in rest if f.endswith("_[k]")]
-        stacks.append(Stack(comm, None, user, kernel, int(count)))
     return stacks
 
 

@@ -133,7 +133,7 @@ class Profilerd(Profiler):
             pass
 
     def read_output(self, run, tool):
-        return stacks.profilerd_folded(getattr(self, "folded", ""), pid=run["workload_pid"])
+        return stacks.folded(getattr(self, "folded", ""), pid=run["workload_pid"])
 
     def command_text(self):
         return (f"profilerd --listen 127.0.0.1:PORT --frequency {self.frequency}; at the end "
@@ -209,7 +209,7 @@ class Bcc(Profiler):
         return env
 
     def read_output(self, run, tool):
-        return stacks.bcc_folded(self.output_text(run))
+        return stacks.folded(self.output_text(run))
 
     def command_text(self):
         return ("BCC_KERNEL_SOURCE=<Debian 6.1 headers, merged> /usr/sbin/profile-bpfcc -F 99 -f -a "

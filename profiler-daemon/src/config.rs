@@ -125,57 +125,47 @@ impl Config {
     /// Sets every key of the file into `args`, except those whose flag was
     /// given on the command line (per `matches`).
     pub fn apply(&self, args: &mut DaemonArgs, matches: &ArgMatches) {
-        let from_flag = |id: &str| matches.value_source(id) == Some(ValueSource::CommandLine);
-        // Only reached with values inside RANGES, which all fit in u32.
-        let narrow = |value: u64| u32::try_from(value).unwrap_or(u32::MAX);
-        if let Some(listen) = self.listen
-            && !from_flag("listen")
-        {
-            args.listen = listen;
-        }
-        let sampling = &mut args.sampling;
-        let set_u64 = |target: &mut u64, value: Option<u64>, id: &str| {
-            if let Some(value) = value
-                && !from_flag(id)
-            {
+        let from_file = |id: &str| matches.value_source(id) != Some(ValueSource::CommandLine);
+        fn set<T: Copy>(target: &mut T, value: Option<T>, from_file: bool) {
+            if let (Some(value), true) = (value, from_file) {
                 *target = value;
             }
-        };
-        set_u64(
+        }
+        // Only reached with values inside RANGES, which all fit in u32.
+        let narrow = |value: Option<u64>| value.map(|value| u32::try_from(value).unwrap_or(u32::MAX));
+        let sampling = &mut args.sampling;
+        set(&mut args.listen, self.listen, from_file("listen"));
+        set(
             &mut args.retention_seconds,
             self.retention_seconds,
-            "retention_seconds",
+            from_file("retention_seconds"),
         );
-        set_u64(&mut args.store_max_mb, self.store_max_mb, "store_max_mb");
-        set_u64(&mut sampling.frequency, self.frequency, "frequency");
-        set_u64(
+        set(
+            &mut args.store_max_mb,
+            self.store_max_mb,
+            from_file("store_max_mb"),
+        );
+        set(&mut sampling.frequency, self.frequency, from_file("frequency"));
+        set(
             &mut sampling.drain_interval_ms,
             self.drain_interval_ms,
-            "drain_interval_ms",
+            from_file("drain_interval_ms"),
         );
-        for (target, value, id) in [
-            (
-                &mut sampling.counts_map_entries,
-                self.counts_map_entries,
-                "counts_map_entries",
-            ),
-            (
-                &mut sampling.user_stack_map_entries,
-                self.user_stack_map_entries,
-                "user_stack_map_entries",
-            ),
-            (
-                &mut sampling.kernel_stack_map_entries,
-                self.kernel_stack_map_entries,
-                "kernel_stack_map_entries",
-            ),
-        ] {
-            if let Some(value) = value
-                && !from_flag(id)
-            {
-                *target = narrow(value);
-            }
-        }
+        set(
+            &mut sampling.counts_map_entries,
+            narrow(self.counts_map_entries),
+            from_file("counts_map_entries"),
+        );
+        set(
+            &mut sampling.user_stack_map_entries,
+            narrow(self.user_stack_map_entries),
+            from_file("user_stack_map_entries"),
+        );
+        set(
+            &mut sampling.kernel_stack_map_entries,
+            narrow(self.kernel_stack_map_entries),
+            from_file("kernel_stack_map_entries"),
+        );
     }
 }
 

@@ -116,7 +116,7 @@ impl Resolver {
             offsets.sort_unstable();
             offsets.dedup();
             let source = Source::Elf(Elf::new(&file.access_path));
-            let Some(results) = self.symbolize(&source, Input::FileOffset(&offsets), offsets.len()) else {
+            let Some(results) = self.symbolize(&source, Input::FileOffset(&offsets)) else {
                 let failures = self.failed_files.entry(key).or_default();
                 *failures += 1;
                 if *failures < MAX_FILE_FAILURES {
@@ -124,6 +124,7 @@ impl Resolver {
                     continue;
                 }
                 self.failed_files.remove(&key);
+                self.stats.unresolved += offsets.len() as u64;
                 let cache = self.user.entry(key).or_default();
                 self.user_entries += offsets.len();
                 cache.extend(offsets.into_iter().map(|offset| (offset, None)));
@@ -145,8 +146,11 @@ impl Resolver {
             });
             // kallsyms is read whole: a failure is not worth retrying per batch.
             let results = self
-                .symbolize(&source, Input::AbsAddr(&addresses), addresses.len())
-                .unwrap_or_else(|| vec![None; addresses.len()]);
+                .symbolize(&source, Input::AbsAddr(&addresses))
+                .unwrap_or_else(|| {
+                    self.stats.unresolved += addresses.len() as u64;
+                    vec![None; addresses.len()]
+                });
             self.kernel.extend(addresses.into_iter().zip(results));
         }
     }
@@ -189,23 +193,18 @@ impl Resolver {
         let _ = self.blaze.evict(&evict);
     }
 
-    /// None when the source could not be read at all.
-    fn symbolize(
-        &mut self,
-        source: &Source,
-        input: Input<&[u64]>,
-        len: usize,
-    ) -> Option<Vec<Option<Arc<[Line]>>>> {
+    /// None when the source could not be read at all (the caller decides
+    /// whether its addresses count as unresolved or are retried).
+    fn symbolize(&mut self, source: &Source, input: Input<&[u64]>) -> Option<Vec<Option<Arc<[Line]>>>> {
         let results = match self.blaze.symbolize(source, input) {
             Ok(results) => results,
             Err(err) => {
                 self.stats.source_errors += 1;
                 tracing::debug!("symbolization source failed: {err}");
-                self.stats.unresolved += len as u64;
                 return None;
             }
         };
-        let mut out = Vec::with_capacity(len);
+        let mut out = Vec::with_capacity(results.len());
         let mut unresolved = 0;
         for result in &results {
             match result {
