@@ -6,8 +6,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use profiler_common::maps;
 
 use crate::{
-    collect::{MapSizes, SamplerOptions},
-    pipeline::PipelineOptions,
+    collect::{DEFAULT_MAX_OPEN_FILES, MapSizes, SamplerOptions},
+    pipeline::{PipelineOptions, SymbolizerOptions},
     store::StoreConfig,
 };
 
@@ -34,6 +34,9 @@ pub enum Command {
         /// The TOML file, e.g. /etc/profilerd/profilerd.toml.
         file: PathBuf,
     },
+    /// The symbolizer worker (started by the daemon itself, never by hand).
+    #[command(name = "symbolize-worker", hide = true)]
+    SymbolizeWorker,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -53,6 +56,17 @@ pub struct SamplingArgs {
     /// Capacity of each kernel stack-trace map.
     #[arg(long, default_value_t = maps::DEFAULT_KERNEL_STACKS_ENTRIES, value_parser = clap::value_parser!(u32).range(1..=1 << 20))]
     pub kernel_stack_map_entries: u32,
+    /// Descriptors held open for mapped files (so binaries stay readable
+    /// after their process exits); past it the least recently used close.
+    #[arg(long, default_value_t = DEFAULT_MAX_OPEN_FILES as u32, value_parser = clap::value_parser!(u32).range(16..=65_536))]
+    pub max_open_files: u32,
+    /// Memory (heap) limit of the symbolizer worker process, in MiB.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(64..=65_536))]
+    pub symbolizer_memory_mb: u64,
+    /// How long the symbolizer worker may take to read one file, in
+    /// milliseconds; past it the worker is killed and restarted.
+    #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(100..=600_000))]
+    pub symbolizer_deadline_ms: u64,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -116,6 +130,11 @@ impl SamplingArgs {
             drain_interval: Duration::from_millis(self.drain_interval_ms),
             store,
             only_pids: Vec::new(),
+            symbolizer: SymbolizerOptions {
+                max_open_files: self.max_open_files as usize,
+                worker_memory_bytes: self.symbolizer_memory_mb << 20,
+                worker_deadline: Duration::from_millis(self.symbolizer_deadline_ms),
+            },
         }
     }
 }

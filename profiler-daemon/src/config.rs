@@ -30,6 +30,9 @@ pub struct Config {
     pub counts_map_entries: Option<u64>,
     pub user_stack_map_entries: Option<u64>,
     pub kernel_stack_map_entries: Option<u64>,
+    pub max_open_files: Option<u64>,
+    pub symbolizer_memory_mb: Option<u64>,
+    pub symbolizer_deadline_ms: Option<u64>,
 }
 
 /// Every error names the file and, when known, the line (`FILE:LINE:`), so
@@ -65,7 +68,7 @@ fn line_prefix(line: Option<usize>) -> String {
 
 /// The accepted range of each numeric key: the same as its flag's (a test
 /// checks them against clap's).
-pub const RANGES: [(&str, RangeInclusive<u64>); 7] = [
+pub const RANGES: [(&str, RangeInclusive<u64>); 10] = [
     ("retention_seconds", 1..=86_400),
     ("store_max_mb", 1..=65_536),
     ("frequency", 1..=10_000),
@@ -73,6 +76,9 @@ pub const RANGES: [(&str, RangeInclusive<u64>); 7] = [
     ("counts_map_entries", 1..=1 << 22),
     ("user_stack_map_entries", 1..=1 << 20),
     ("kernel_stack_map_entries", 1..=1 << 20),
+    ("max_open_files", 16..=65_536),
+    ("symbolizer_memory_mb", 64..=65_536),
+    ("symbolizer_deadline_ms", 100..=600_000),
 ];
 
 impl Config {
@@ -110,7 +116,7 @@ impl Config {
         Self::parse(&text, &shown)
     }
 
-    fn numbers(&self) -> [(&'static str, Option<u64>); 7] {
+    fn numbers(&self) -> [(&'static str, Option<u64>); 10] {
         [
             ("retention_seconds", self.retention_seconds),
             ("store_max_mb", self.store_max_mb),
@@ -119,6 +125,9 @@ impl Config {
             ("counts_map_entries", self.counts_map_entries),
             ("user_stack_map_entries", self.user_stack_map_entries),
             ("kernel_stack_map_entries", self.kernel_stack_map_entries),
+            ("max_open_files", self.max_open_files),
+            ("symbolizer_memory_mb", self.symbolizer_memory_mb),
+            ("symbolizer_deadline_ms", self.symbolizer_deadline_ms),
         ]
     }
 
@@ -165,6 +174,21 @@ impl Config {
             &mut sampling.kernel_stack_map_entries,
             narrow(self.kernel_stack_map_entries),
             from_file("kernel_stack_map_entries"),
+        );
+        set(
+            &mut sampling.max_open_files,
+            narrow(self.max_open_files),
+            from_file("max_open_files"),
+        );
+        set(
+            &mut sampling.symbolizer_memory_mb,
+            self.symbolizer_memory_mb,
+            from_file("symbolizer_memory_mb"),
+        );
+        set(
+            &mut sampling.symbolizer_deadline_ms,
+            self.symbolizer_deadline_ms,
+            from_file("symbolizer_deadline_ms"),
         );
     }
 }
@@ -231,7 +255,8 @@ pub fn describe(args: &DaemonArgs) -> String {
     let s = &args.sampling;
     format!(
         "listen = \"{}\"\nretention_seconds = {}\nstore_max_mb = {}\nfrequency = {}\ndrain_interval_ms = {}\n\
-         counts_map_entries = {}\nuser_stack_map_entries = {}\nkernel_stack_map_entries = {}\n",
+         counts_map_entries = {}\nuser_stack_map_entries = {}\nkernel_stack_map_entries = {}\n\
+         max_open_files = {}\nsymbolizer_memory_mb = {}\nsymbolizer_deadline_ms = {}\n",
         args.listen,
         args.retention_seconds,
         args.store_max_mb,
@@ -239,7 +264,10 @@ pub fn describe(args: &DaemonArgs) -> String {
         s.drain_interval_ms,
         s.counts_map_entries,
         s.user_stack_map_entries,
-        s.kernel_stack_map_entries
+        s.kernel_stack_map_entries,
+        s.max_open_files,
+        s.symbolizer_memory_mb,
+        s.symbolizer_deadline_ms
     )
 }
 

@@ -8,6 +8,14 @@ use profilerd::{
 use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
+    // The worker is started by the daemon with a socket on standard input:
+    // no flags, no config, no runtime.
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|arg| arg == profilerd::symbolize::worker::SUBCOMMAND)
+    {
+        return profilerd::symbolize::worker::run_worker();
+    }
     let matches = Cli::command().get_matches();
     let mut cli = match Cli::from_arg_matches(&matches) {
         Ok(cli) => cli,
@@ -57,7 +65,7 @@ fn main() -> ExitCode {
     let result: anyhow::Result<()> = runtime.block_on(async {
         match cli.command {
             Some(Command::Record(args)) => Ok(profilerd::record::run(args).await?),
-            Some(Command::CheckConfig { .. }) => Ok(()),
+            Some(Command::CheckConfig { .. } | Command::SymbolizeWorker) => Ok(()),
             None => Ok(profilerd::daemon::run(cli.daemon).await?),
         }
     });

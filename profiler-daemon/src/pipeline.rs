@@ -17,12 +17,16 @@ use tokio::sync::{oneshot, watch};
 
 use crate::{
     collect::{
-        BpfCounters, CollectError, Drainer, MapSizes, ProcessNotice, ProcessWatcher, RawBatch, Sampler,
-        SamplerOptions, WatcherStats,
+        BpfCounters, CollectError, Drainer, MapSizes, OpenFileStats, OpenFiles, ProcessNotice,
+        ProcessWatcher, RawBatch, Sampler, SamplerOptions, SnapshotReader, WatcherStats,
     },
     store::{self, Store, StoreConfig, StoreHandle},
-    symbolize::{Symbolizer, SymbolizerStats},
+    symbolize::{Symbolizer, SymbolizerStats, worker::WorkerConfig},
 };
+
+/// A batch that waited longer than this for the symbolizer is logged: the
+/// profiles being served are that stale.
+const LAG_WARNING: Duration = Duration::from_secs(10);
 
 #[derive(Clone, Debug)]
 pub struct PipelineOptions {
@@ -33,6 +37,18 @@ pub struct PipelineOptions {
     /// sampler still samples every CPU; the rest is dropped before the
     /// costly part). The daemon keeps everything; `record --pid` uses this.
     pub only_pids: Vec<u32>,
+    pub symbolizer: SymbolizerOptions,
+}
+
+/// Bounds of the symbolize stage.
+#[derive(Clone, Debug)]
+pub struct SymbolizerOptions {
+    /// Descriptors held for mapped files, at most.
+    pub max_open_files: usize,
+    /// The worker process's data limit (RLIMIT_DATA), bytes.
+    pub worker_memory_bytes: u64,
+    /// How long the worker may take for one file.
+    pub worker_deadline: Duration,
 }
 
 /// What the pipeline has been doing, updated after every drain.
@@ -50,6 +66,9 @@ pub struct PipelineStatus {
     pub map_entries: MapEntries,
     pub drain_seconds_total: f64,
     pub symbolize_seconds_total: f64,
+    /// When the maps were last drained / a batch last symbolized (liveness).
+    pub last_drain_at: Option<Instant>,
+    pub last_symbolized_at: Option<Instant>,
 }
 
 /// Occupancy of one buffer's maps when it was drained.
@@ -81,6 +100,7 @@ enum SymbolizeInput {
         // Boxed: a batch is large and notices are frequent.
         batch: Box<RawBatch>,
         time_ms: u64,
+        drained_at: Instant,
         drain_time: Duration,
         acks: Vec<oneshot::Sender<u64>>,
     },
@@ -91,6 +111,7 @@ pub struct Pipeline {
     store: StoreHandle,
     status: watch::Receiver<PipelineStatus>,
     watcher_stats: Arc<WatcherStats>,
+    open_files: Arc<OpenFileStats>,
     threads: Vec<JoinHandle<()>>,
     cpus: usize,
     frequency: u64,
@@ -105,13 +126,16 @@ impl Pipeline {
         let cpus = sampler.cpus();
         let store = store::spawn(Store::new(options.store, options.sampler.frequency));
         let (status_tx, status) = watch::channel(PipelineStatus::default());
+        let status_tx = Arc::new(status_tx);
+        let files = OpenFiles::new(options.symbolizer.max_open_files);
+        let open_files = files.stats.clone();
         // Bounded: if symbolization falls behind, the drain waits rather than
         // memory growing; the BPF maps then absorb (and count) the overflow.
         let (symbolize_tx, symbolize_rx) = mpsc::sync_channel::<SymbolizeInput>(64);
         let (drain_tx, drain_rx) = mpsc::channel();
         let stop = Arc::new(AtomicBool::new(false));
 
-        let watcher = ProcessWatcher::new(events);
+        let watcher = ProcessWatcher::new(events, SnapshotReader::new(files.clone()));
         let watcher_stats = watcher.stats.clone();
         let mut threads = Vec::new();
         let spawn = |name: &str, body: Box<dyn FnOnce() + Send>| {
@@ -133,16 +157,24 @@ impl Pipeline {
         {
             let store = store.clone();
             let only_pids = options.only_pids.clone();
+            let status_tx = status_tx.clone();
+            let worker = WorkerConfig::this_binary(
+                options.symbolizer.worker_memory_bytes,
+                options.symbolizer.worker_deadline,
+            );
             threads.push(spawn(
                 "symbolize",
-                Box::new(move || symbolize_loop(symbolize_rx, store, status_tx, only_pids)),
+                Box::new(move || {
+                    let symbolizer = Symbolizer::new(worker, files);
+                    symbolize_loop(symbolizer, symbolize_rx, store, &status_tx, only_pids);
+                }),
             )?);
         }
         let interval = options.drain_interval;
         threads.push(spawn(
             "drain",
             Box::new(move || {
-                drain_loop(sampler, drainer, interval, drain_rx, symbolize_tx);
+                drain_loop(sampler, drainer, interval, drain_rx, symbolize_tx, &status_tx);
                 stop.store(true, Ordering::Relaxed);
             }),
         )?);
@@ -151,6 +183,7 @@ impl Pipeline {
             store,
             status,
             watcher_stats,
+            open_files,
             threads,
             cpus,
             frequency: options.sampler.frequency,
@@ -178,6 +211,10 @@ impl Pipeline {
 
     pub fn watcher_stats(&self) -> &WatcherStats {
         &self.watcher_stats
+    }
+
+    pub fn open_files(&self) -> &OpenFileStats {
+        &self.open_files
     }
 
     pub fn cpus(&self) -> usize {
@@ -212,6 +249,7 @@ fn drain_loop(
     interval: Duration,
     commands: mpsc::Receiver<DrainCommand>,
     out: mpsc::SyncSender<SymbolizeInput>,
+    status: &watch::Sender<PipelineStatus>,
 ) {
     let mut next = Instant::now() + interval;
     loop {
@@ -238,9 +276,17 @@ fn drain_loop(
         let started = Instant::now();
         match drainer.drain() {
             Ok(batch) => {
+                // Published here, not after symbolization: losses show in
+                // /metrics even while the symbolizer lags.
+                let drained_at = Instant::now();
+                status.send_modify(|status| {
+                    status.bpf = batch.counters;
+                    status.last_drain_at = Some(drained_at);
+                });
                 let input = SymbolizeInput::Batch {
                     batch: Box::new(batch),
                     time_ms: crate::unix_now_ms(),
+                    drained_at,
                     drain_time: started.elapsed(),
                     acks,
                 };
@@ -260,22 +306,29 @@ fn drain_loop(
 }
 
 fn symbolize_loop(
+    mut symbolizer: Symbolizer,
     inputs: mpsc::Receiver<SymbolizeInput>,
     store: StoreHandle,
-    status: watch::Sender<PipelineStatus>,
+    status: &watch::Sender<PipelineStatus>,
     only_pids: Vec<u32>,
 ) {
-    let mut symbolizer = Symbolizer::new();
+    let mut warned_at: Option<Instant> = None;
     for input in inputs {
         match input {
             SymbolizeInput::Notice(notice) => symbolizer.notice(notice),
             SymbolizeInput::Batch {
                 batch,
                 time_ms,
+                drained_at,
                 drain_time,
                 acks,
             } => {
                 let started = Instant::now();
+                let lag = started.duration_since(drained_at);
+                if lag > LAG_WARNING && warned_at.is_none_or(|at| at.elapsed() > Duration::from_secs(60)) {
+                    warned_at = Some(started);
+                    tracing::warn!("symbolization lags the sampler by {lag:?}: profiles are that stale");
+                }
                 let mut batch = batch;
                 // Occupancy of the maps as drained, before any filtering.
                 let map_entries = MapEntries {
@@ -291,8 +344,8 @@ fn symbolize_loop(
                 let samples = symbolizer.symbolize(&batch);
                 let symbolize_time = started.elapsed();
                 status.send_modify(|status| {
-                    status.bpf = batch.counters;
                     status.symbolizer = symbolizer.stats();
+                    status.last_symbolized_at = Some(Instant::now());
                     status.drains += 1;
                     status.last_drain = drain_time;
                     status.last_symbolize = symbolize_time;

@@ -6,13 +6,17 @@
 
 mod btf;
 mod drain;
+mod mapped_file;
 mod process_snapshot;
 mod sampler;
 mod watcher;
 
 pub use drain::{BpfCounters, Drainer, RawBatch, RawSample};
+pub use mapped_file::{
+    DEFAULT_MAX_OPEN_FILES, FileKey, FileVersion, MappedFile, OpenFileStats, OpenFiles, Refusal,
+};
 pub use process_snapshot::{
-    FileKey, MappedFile, ProcessSnapshot, SnapshotMapping, SnapshotReader, parse_maps_line,
+    MAX_FILES_PER_PROCESS, MapsLine, ProcessSnapshot, SnapshotMapping, SnapshotReader, parse_maps_line,
 };
 pub use sampler::{MapSizes, Sampler, SamplerOptions};
 pub use watcher::{ProcessNotice, ProcessWatcher, WatcherStats};

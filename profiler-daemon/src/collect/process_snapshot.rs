@@ -2,32 +2,13 @@
 //! kept usable after it exits: files that cannot be reopened later by path
 //! (deleted, replaced, or in another mount namespace) are held open.
 
-use std::{
-    collections::HashMap,
-    fs::File,
-    os::{fd::AsRawFd, unix::fs::MetadataExt},
-    path::PathBuf,
-    sync::{Arc, Weak},
-};
+use std::{collections::HashMap, sync::Arc};
 
-/// Identity of a file: cache keys use it, never a path, since paths
-/// (and `/proc/self/fd/N` numbers) get reused for other files.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct FileKey {
-    pub dev: u64,
-    pub inode: u64,
-}
+use super::mapped_file::{MappedFile, OpenFiles};
 
-/// A mapped file, held open from the moment the process was first seen, so
-/// it stays readable after the process exits and after the file is deleted
-/// or replaced on disk (the descriptor keeps the old inode).
-#[derive(Debug)]
-pub struct MappedFile {
-    /// `/proc/self/fd/N` of the held descriptor: what the ELF reader opens.
-    pub access_path: PathBuf,
-    pub key: FileKey,
-    _held: File,
-}
+/// Files one process may have held open for it: far more than the shared
+/// libraries a real program maps, far less than the descriptor bound.
+pub const MAX_FILES_PER_PROCESS: usize = 512;
 
 #[derive(Clone, Debug)]
 pub struct SnapshotMapping {
@@ -58,6 +39,8 @@ pub struct MapsLine<'a> {
     pub end: u64,
     pub executable: bool,
     pub offset: u64,
+    /// The device as the kernel encodes it (what fstat's st_dev holds).
+    pub dev: u64,
     pub inode: u64,
     pub path: &'a str,
 }
@@ -75,32 +58,40 @@ pub fn parse_maps_line(line: &str) -> Option<MapsLine<'_>> {
     let (start, end) = field()?.split_once('-')?;
     let perms = field()?;
     let offset = field()?;
-    let _dev = field()?;
+    let (major, minor) = field()?.split_once(':')?;
     let inode = field()?;
     Some(MapsLine {
         start: u64::from_str_radix(start, 16).ok()?,
         end: u64::from_str_radix(end, 16).ok()?,
         executable: perms.as_bytes().get(2) == Some(&b'x'),
         offset: u64::from_str_radix(offset, 16).ok()?,
+        dev: libc::makedev(
+            u32::from_str_radix(major, 16).ok()?,
+            u32::from_str_radix(minor, 16).ok()?,
+        ),
         inode: inode.parse().ok()?,
         path: rest.trim(),
     })
 }
 
-/// Reads snapshots, sharing open files between processes that map the same inode.
+/// Reads snapshots; files are shared through one [`OpenFiles`] registry.
 #[derive(Default)]
 pub struct SnapshotReader {
-    held: HashMap<(u64, PathBuf), Weak<MappedFile>>,
-    reads: u64,
+    files: OpenFiles,
 }
 
 impl SnapshotReader {
+    pub fn new(files: OpenFiles) -> Self {
+        Self { files }
+    }
+
     pub fn read(&mut self, pid: u32, instance: u32) -> std::io::Result<ProcessSnapshot> {
         let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
         let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
             .map(|comm| comm.trim_end_matches('\n').to_owned())
             .unwrap_or_default();
         let mut mappings = Vec::new();
+        let mut files: HashMap<(u64, u64), Arc<MappedFile>> = HashMap::new();
         for line in maps.lines() {
             let Some(parsed) = parse_maps_line(line) else {
                 continue;
@@ -108,9 +99,20 @@ impl SnapshotReader {
             if !parsed.executable {
                 continue;
             }
-            let file = (parsed.inode != 0 && parsed.path.starts_with('/'))
-                .then(|| self.mapped_file(pid, &parsed))
-                .flatten();
+            let file = if parsed.inode == 0 || !parsed.path.starts_with('/') {
+                None
+            } else if let Some(file) = files.get(&(parsed.dev, parsed.inode)) {
+                Some(file.clone())
+            } else if files.len() >= MAX_FILES_PER_PROCESS {
+                self.files.refuse_over_process_limit();
+                None
+            } else {
+                let file = self.files.open(pid, &parsed);
+                if let Some(file) = &file {
+                    files.insert(file.maps_key, file.clone());
+                }
+                file
+            };
             mappings.push(SnapshotMapping {
                 start: parsed.start,
                 end: parsed.end,
@@ -120,48 +122,12 @@ impl SnapshotReader {
             });
         }
         mappings.sort_by_key(|mapping| mapping.start);
-        self.reads += 1;
-        if self.reads.is_multiple_of(1024) {
-            self.held.retain(|_, file| file.strong_count() > 0);
-        }
         Ok(ProcessSnapshot {
             pid,
             instance,
             comm,
             mappings,
         })
-    }
-
-    fn mapped_file(&mut self, pid: u32, line: &MapsLine<'_>) -> Option<Arc<MappedFile>> {
-        let held_key = (line.inode, PathBuf::from(line.path));
-        if let Some(file) = self.held.get(&held_key).and_then(Weak::upgrade) {
-            return Some(file);
-        }
-        // By path when it still names the mapped inode from our mount
-        // namespace; else (deleted, replaced, another namespace) through the
-        // process's own mapping.
-        let by_path = std::fs::metadata(&held_key.1).is_ok_and(|meta| meta.ino() == line.inode);
-        let map_file = format!("/proc/{pid}/map_files/{:x}-{:x}", line.start, line.end);
-        let held = if by_path {
-            File::open(&held_key.1)
-        } else {
-            File::open(&map_file)
-        }
-        .ok()?;
-        let meta = held.metadata().ok()?;
-        if meta.ino() != line.inode {
-            return None;
-        }
-        let file = Arc::new(MappedFile {
-            access_path: PathBuf::from(format!("/proc/self/fd/{}", held.as_raw_fd())),
-            key: FileKey {
-                dev: meta.dev(),
-                inode: meta.ino(),
-            },
-            _held: held,
-        });
-        self.held.insert(held_key, Arc::downgrade(&file));
-        Some(file)
     }
 }
 
@@ -180,6 +146,7 @@ mod tests {
                 end: 0x55d4c2a02000,
                 executable: true,
                 offset: 0x2000,
+                dev: libc::makedev(0xfd, 1),
                 inode: 1234567,
                 path: "/usr/bin/my tool (deleted)",
             }

@@ -47,10 +47,10 @@ pub struct ProcessWatcher {
 }
 
 impl ProcessWatcher {
-    pub fn new(events: RingBuf<MapData>) -> Self {
+    pub fn new(events: RingBuf<MapData>, reader: SnapshotReader) -> Self {
         Self {
             events,
-            reader: SnapshotReader::default(),
+            reader,
             second_looks: VecDeque::new(),
             stats: Arc::default(),
         }

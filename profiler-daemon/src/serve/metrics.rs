@@ -4,6 +4,8 @@
 //! pipeline's status, the store), so they are encoded at scrape time by a
 //! collector; only HTTP requests are counted here.
 
+mod isolation;
+
 use std::fmt;
 
 use axum::{
@@ -67,6 +69,7 @@ pub(super) async fn metrics(State(state): State<ServeState>) -> Result<Response,
         snapshot_failures: watcher
             .snapshot_failures
             .load(std::sync::atomic::Ordering::Relaxed),
+        open_files: isolation::OpenFilesSnapshot::of(state.pipeline.open_files()),
     };
     let mut registry = Registry::with_prefix("profilerd");
     registry.register(
@@ -97,6 +100,7 @@ struct Snapshot {
     map_sizes: MapSizes,
     snapshots: u64,
     snapshot_failures: u64,
+    open_files: isolation::OpenFilesSnapshot,
 }
 
 impl Collector for Snapshot {
@@ -245,6 +249,7 @@ impl Collector for Snapshot {
             "Mappings re-read after an address fell outside them",
             processes.refreshes,
         )?;
+        isolation::encode(out, status, &self.open_files)?;
         let store = self.store;
         gauge(
             out,
@@ -278,7 +283,7 @@ impl Collector for Snapshot {
     }
 }
 
-fn counter(encoder: &mut DescriptorEncoder, name: &str, help: &str, value: u64) -> fmt::Result {
+pub(super) fn counter(encoder: &mut DescriptorEncoder, name: &str, help: &str, value: u64) -> fmt::Result {
     let metric = ConstCounter::new(value);
     metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
 }
@@ -288,7 +293,17 @@ fn float_counter(encoder: &mut DescriptorEncoder, name: &str, help: &str, value:
     metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
 }
 
-fn gauge(encoder: &mut DescriptorEncoder, name: &str, help: &str, value: i64) -> fmt::Result {
+pub(super) fn float_gauge(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    value: f64,
+) -> fmt::Result {
+    let metric = ConstGauge::new(value);
+    metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
+}
+
+pub(super) fn gauge(encoder: &mut DescriptorEncoder, name: &str, help: &str, value: i64) -> fmt::Result {
     let metric = ConstGauge::new(value);
     metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
 }
@@ -308,7 +323,7 @@ fn labelled_gauges(
     Ok(())
 }
 
-fn labelled_counters(
+pub(super) fn labelled_counters(
     encoder: &mut DescriptorEncoder,
     name: &str,
     help: &str,

@@ -1,12 +1,14 @@
 //! Stage 2: raw samples (addresses) -> symbolized samples (functions).
 //!
-//! Runs on its own thread: blazesym's symbolizer is not Send, and reading ELF
-//! and DWARF is blocking work that must not stall the drain or the server.
+//! Runs on its own thread: resolution is blocking work that must not stall
+//! the drain or the server. The ELF and DWARF of user binaries, which other
+//! users control, are parsed in a separate, unprivileged [`worker`] process.
 
 mod demangle;
 mod processes;
 mod resolver;
 mod stack;
+pub mod worker;
 
 use std::{collections::HashMap, sync::Arc};
 
@@ -14,9 +16,10 @@ pub use processes::ProcessStats;
 pub use resolver::ResolverStats;
 pub use stack::{FrameKind, Function, Line, Location, Mapping, SymbolizedSample, SymbolizedStack};
 
-use crate::collect::{ProcessNotice, RawBatch};
+use crate::collect::{OpenFiles, ProcessNotice, RawBatch, SnapshotReader};
 use processes::{ProcessEntry, ProcessTable};
 use resolver::Resolver;
+use worker::WorkerConfig;
 
 /// Cumulative symbolizer counters.
 #[derive(Clone, Copy, Debug, Default)]
@@ -32,17 +35,12 @@ pub struct Symbolizer {
     names: HashMap<[u8; profiler_common::COMM_LEN], Arc<str>>,
 }
 
-impl Default for Symbolizer {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl Symbolizer {
-    pub fn new() -> Self {
+    /// `files` is the registry the process watcher opens files into too.
+    pub fn new(worker: WorkerConfig, files: OpenFiles) -> Self {
         Self {
-            resolver: Resolver::default(),
-            processes: ProcessTable::default(),
+            resolver: Resolver::new(worker),
+            processes: ProcessTable::new(SnapshotReader::new(files)),
             kernel_mapping: Arc::new(Mapping {
                 start: 0,
                 limit: u64::MAX,
@@ -94,6 +92,7 @@ impl Symbolizer {
             }
         }
         self.resolver.resolve_pending();
+        self.processes.attach_build_ids(&self.resolver);
 
         // Pass 2: build each distinct stack once per batch from the caches.
         let mut stacks: HashMap<(u32, u32, i32, i32), Arc<SymbolizedStack>> = HashMap::new();

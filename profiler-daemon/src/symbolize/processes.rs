@@ -45,7 +45,6 @@ pub struct ProcessStats {
     pub refreshes: u64,
 }
 
-#[derive(Default)]
 pub struct ProcessTable {
     entries: HashMap<(u32, u32), ProcessEntry>,
     exited: Vec<(u32, u32)>,
@@ -56,6 +55,39 @@ pub struct ProcessTable {
 }
 
 impl ProcessTable {
+    pub fn new(reader: SnapshotReader) -> Self {
+        Self {
+            entries: HashMap::new(),
+            exited: Vec::new(),
+            refreshed: Vec::new(),
+            reader,
+            batch: 0,
+            stats: ProcessStats::default(),
+        }
+    }
+
+    /// Build ids are known once the worker has read a file: put them on the
+    /// mappings of the processes sampled in this batch.
+    pub fn attach_build_ids(&mut self, resolver: &Resolver) {
+        let batch = self.batch;
+        for entry in self
+            .entries
+            .values_mut()
+            .filter(|entry| entry.last_batch == batch)
+        {
+            for mapping in &mut entry.mappings {
+                if mapping.mapping.build_id.is_some() {
+                    continue;
+                }
+                if let Some(build_id) = mapping.file.as_ref().and_then(|file| resolver.build_id(file)) {
+                    let mut with_id = (*mapping.mapping).clone();
+                    with_id.build_id = Some(build_id);
+                    mapping.mapping = Arc::new(with_id);
+                }
+            }
+        }
+    }
+
     pub fn insert(&mut self, snapshot: ProcessSnapshot, resolver: &mut Resolver) {
         let key = (snapshot.pid, snapshot.instance);
         let entry = entry_from(snapshot, resolver, self.batch);
@@ -148,7 +180,7 @@ impl ProcessTable {
     }
 }
 
-fn entry_from(snapshot: ProcessSnapshot, resolver: &mut Resolver, batch: u64) -> ProcessEntry {
+fn entry_from(snapshot: ProcessSnapshot, resolver: &Resolver, batch: u64) -> ProcessEntry {
     let mappings = snapshot
         .mappings
         .into_iter()

@@ -1,0 +1,305 @@
+//! Symbolization of user binaries in a supervised worker process.
+//!
+//! Any local user decides what the daemon parses: the ELF and DWARF of
+//! every binary they run. A panic, a SIGBUS on a file truncated while it is
+//! mapped, an endless loop or runaway memory inside the parser must cost at
+//! most that file's symbols and a bounded delay, never the daemon. So the
+//! daemon opens each file itself (safely: see `collect::process_snapshot`)
+//! and hands the descriptor to a worker process that has no capabilities,
+//! runs as nobody (when the daemon is root), has a memory limit, and must
+//! answer each request within a deadline. A worker that crashes or misses
+//! its deadline is killed and restarted; a file that brings it down twice is
+//! quarantined: its frames stay `[unknown] file+0xoffset`.
+
+mod protocol;
+mod sandbox;
+mod server;
+
+use std::{
+    collections::{HashMap, HashSet},
+    ffi::OsString,
+    os::fd::{AsRawFd, OwnedFd},
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use prost::Message as _;
+
+pub use protocol::{FileIdentity, Response, SymbolLine, Symbols};
+use protocol::{MAX_RESPONSE_BYTES, ProtocolError, Request};
+
+/// The hidden subcommand that runs [`run_worker`].
+pub const SUBCOMMAND: &str = "symbolize-worker";
+/// Failures (crash or missed deadline) that quarantine a file.
+const QUARANTINE_AFTER: u8 = 2;
+/// Files remembered as failed or quarantined; past this the oldest knowledge
+/// is dropped (a file then gets two more tries).
+const MAX_REMEMBERED_FAILURES: usize = 4096;
+/// After a worker fails to start, wait this long before trying again.
+const RESPAWN_BACKOFF: Duration = Duration::from_secs(1);
+
+#[derive(Clone, Debug)]
+pub struct WorkerConfig {
+    /// How to start a worker: a program and its arguments.
+    pub program: PathBuf,
+    pub args: Vec<OsString>,
+    /// RLIMIT_DATA of the worker (its heap; mapped files do not count).
+    pub memory_bytes: u64,
+    /// How long one request (one file) may take.
+    pub deadline: Duration,
+}
+
+impl WorkerConfig {
+    /// This very binary (even if replaced on disk since) in worker mode.
+    pub fn this_binary(memory_bytes: u64, deadline: Duration) -> Self {
+        Self {
+            program: PathBuf::from("/proc/self/exe"),
+            args: vec![SUBCOMMAND.into()],
+            memory_bytes,
+            deadline,
+        }
+    }
+}
+
+/// Why a request got no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error("the file is quarantined")]
+    Quarantined,
+    #[error("no symbolizer worker is running: {0}")]
+    Unavailable(String),
+    #[error("the symbolizer worker died while reading the file")]
+    Crashed,
+    #[error("the symbolizer worker missed its deadline of {0:?}")]
+    Deadline(Duration),
+    #[error("the symbolizer worker broke the protocol: {0}")]
+    Protocol(String),
+}
+
+/// Counters for metrics (cumulative).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WorkerStats {
+    pub requests: u64,
+    pub restarts_crashed: u64,
+    pub restarts_deadline: u64,
+    pub restarts_protocol: u64,
+    pub spawn_failures: u64,
+    pub quarantined: u64,
+    pub quarantine_skips: u64,
+}
+
+struct Running {
+    child: Child,
+    socket: OwnedFd,
+}
+
+/// The daemon's end: starts, feeds, times and restarts the worker.
+pub struct WorkerClient {
+    config: WorkerConfig,
+    running: Option<Running>,
+    failures: HashMap<FileIdentity, u8>,
+    quarantined: HashSet<(u64, u64)>,
+    not_before: Option<Instant>,
+    pub stats: WorkerStats,
+}
+
+impl WorkerClient {
+    pub fn new(config: WorkerConfig) -> Self {
+        Self {
+            config,
+            running: None,
+            failures: HashMap::new(),
+            quarantined: HashSet::new(),
+            not_before: None,
+            stats: WorkerStats::default(),
+        }
+    }
+
+    /// Symbolizes `offsets` of the open file `fd` (identified by `identity`).
+    pub fn symbolize(
+        &mut self,
+        fd: &OwnedFd,
+        identity: FileIdentity,
+        offsets: &[u64],
+    ) -> Result<Response, WorkerError> {
+        if self.quarantined.contains(&(identity.dev, identity.inode)) {
+            self.stats.quarantine_skips += 1;
+            return Err(WorkerError::Quarantined);
+        }
+        self.stats.requests += 1;
+        let request = Request {
+            file: Some(identity),
+            offsets: offsets.to_vec(),
+        };
+        let result = self.exchange(&request, fd);
+        match &result {
+            Err(WorkerError::Crashed) => self.stats.restarts_crashed += 1,
+            Err(WorkerError::Deadline(_)) => self.stats.restarts_deadline += 1,
+            Err(WorkerError::Protocol(_)) => self.stats.restarts_protocol += 1,
+            Err(WorkerError::Quarantined | WorkerError::Unavailable(_)) | Ok(_) => return result,
+        }
+        // The worker is gone or not to be trusted: kill it (a new one starts
+        // with the next request), and hold the file responsible.
+        self.stop();
+        let failures = self.failures.entry(identity).or_default();
+        *failures += 1;
+        if *failures >= QUARANTINE_AFTER {
+            self.failures.remove(&identity);
+            if self.quarantined.len() >= MAX_REMEMBERED_FAILURES {
+                self.quarantined.clear();
+            }
+            self.quarantined.insert((identity.dev, identity.inode));
+            self.stats.quarantined += 1;
+            tracing::warn!(
+                dev = identity.dev,
+                inode = identity.inode,
+                "quarantined a file that brought the symbolizer worker down {QUARANTINE_AFTER} times"
+            );
+        } else if self.failures.len() > MAX_REMEMBERED_FAILURES {
+            self.failures.clear();
+        }
+        result
+    }
+
+    fn exchange(&mut self, request: &Request, fd: &OwnedFd) -> Result<Response, WorkerError> {
+        let deadline = Instant::now() + self.config.deadline;
+        let socket = self.socket()?;
+        protocol::send_frame(socket, request, Some(fd.as_raw_fd())).map_err(|err| self.lost(err))?;
+        let wait = || wait_readable(socket, deadline);
+        let (body, _) =
+            protocol::recv_frame(socket, MAX_RESPONSE_BYTES, wait).map_err(|err| self.lost(err))?;
+        let response = Response::decode(&*body).map_err(|err| WorkerError::Protocol(err.to_string()))?;
+        if response.error.is_empty() && response.symbols.len() != request.offsets.len() {
+            return Err(WorkerError::Protocol(format!(
+                "{} answers for {} offsets",
+                response.symbols.len(),
+                request.offsets.len()
+            )));
+        }
+        Ok(response)
+    }
+
+    /// Classifies a failed exchange.
+    fn lost(&mut self, err: ProtocolError) -> WorkerError {
+        match err {
+            ProtocolError::Closed | ProtocolError::Io(_) => {
+                if let Some(running) = &mut self.running
+                    && let Ok(Some(status)) = running.child.try_wait()
+                {
+                    tracing::warn!("the symbolizer worker died: {status}");
+                }
+                WorkerError::Crashed
+            }
+            ProtocolError::TimedOut => WorkerError::Deadline(self.config.deadline),
+            other => WorkerError::Protocol(other.to_string()),
+        }
+    }
+
+    fn socket(&mut self) -> Result<std::os::fd::RawFd, WorkerError> {
+        if self.running.is_none() {
+            if self.not_before.is_some_and(|at| Instant::now() < at) {
+                return Err(WorkerError::Unavailable("restarting after a failed start".into()));
+            }
+            match self.spawn() {
+                Ok(running) => {
+                    self.not_before = None;
+                    self.running = Some(running);
+                }
+                Err(err) => {
+                    self.stats.spawn_failures += 1;
+                    self.not_before = Some(Instant::now() + RESPAWN_BACKOFF);
+                    tracing::error!("starting the symbolizer worker failed: {err}");
+                    return Err(WorkerError::Unavailable(err.to_string()));
+                }
+            }
+        }
+        Ok(self
+            .running
+            .as_ref()
+            .map_or(-1, |running| running.socket.as_raw_fd()))
+    }
+
+    fn spawn(&self) -> std::io::Result<Running> {
+        use std::os::unix::process::CommandExt as _;
+        let (ours, theirs) = protocol::socket_pair()?;
+        let memory = self.config.memory_bytes;
+        let mut command = Command::new(&self.config.program);
+        command
+            .args(&self.config.args)
+            .stdin(Stdio::from(theirs))
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        // SAFETY: `confine` makes only async-signal-safe calls (see there).
+        unsafe {
+            command.pre_exec(move || sandbox::confine(memory));
+        }
+        let child = command.spawn()?;
+        Ok(Running { child, socket: ours })
+    }
+
+    /// The running worker's pid, if one runs.
+    pub fn worker_pid(&self) -> Option<u32> {
+        self.running.as_ref().map(|running| running.child.id())
+    }
+
+    /// Kills and reaps the worker, if any.
+    pub fn stop(&mut self) {
+        if let Some(mut running) = self.running.take() {
+            let _ = running.child.kill();
+            let _ = running.child.wait();
+        }
+    }
+}
+
+impl Drop for WorkerClient {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Waits until `socket` is readable or `deadline` passes.
+fn wait_readable(socket: std::os::fd::RawFd, deadline: Instant) -> Result<(), ProtocolError> {
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(ProtocolError::TimedOut);
+        }
+        let mut pollfd = libc::pollfd {
+            fd: socket,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let timeout = i32::try_from(left.as_millis().max(1)).unwrap_or(i32::MAX);
+        // SAFETY: one valid pollfd for the duration of the call.
+        let ready = unsafe { libc::poll(&mut pollfd, 1, timeout) };
+        if ready > 0 {
+            return Ok(());
+        }
+        if ready < 0 {
+            let err = std::io::Error::last_os_error();
+            if err.kind() != std::io::ErrorKind::Interrupted {
+                return Err(err.into());
+            }
+        }
+    }
+}
+
+/// The worker process's main: serve the daemon on standard input (the
+/// socket it was given), once the sandbox is verified.
+pub fn run_worker() -> std::process::ExitCode {
+    if let Err(err) = sandbox::verify_unprivileged() {
+        eprintln!("profilerd symbolize-worker: refusing to run: {err}");
+        return std::process::ExitCode::FAILURE;
+    }
+    // SAFETY: fd 0 is the socket the daemon passed as standard input; from
+    // here on this function owns it.
+    let socket = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(0) };
+    match server::serve(socket) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("profilerd symbolize-worker: {err}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
