@@ -54,16 +54,29 @@ pub struct MappedFile {
     /// Device and inode as /proc/PID/maps shows them (the registry's key).
     pub maps_key: (u64, u64),
     pub version: FileVersion,
+    /// The mapping it was opened through, to reopen it (while that process
+    /// lives) after the bound closed it.
+    origin: Origin,
     fd: Mutex<Option<OwnedFd>>,
     last_use: AtomicU64,
     stats: Arc<OpenFileStats>,
 }
 
 impl MappedFile {
-    /// A new descriptor of the file (for the symbolizer worker), or None if
-    /// it was closed to stay within the bound.
+    /// A new descriptor of the file (for the symbolizer worker). One the
+    /// bound closed is reopened through its mapping if that process still
+    /// runs (and still maps the same file); else None.
     pub fn descriptor(&self) -> Option<OwnedFd> {
-        let held = self.fd.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut held = self.fd.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if held.is_none() {
+            let opened = open_mapped(self.origin.pid, &self.origin.line()).ok()?;
+            if opened.key != self.key || opened.version != self.version {
+                return None;
+            }
+            *held = Some(opened.fd);
+            self.stats.open.fetch_add(1, Ordering::Relaxed);
+            self.stats.reopened.fetch_add(1, Ordering::Relaxed);
+        }
         held.as_ref()?.try_clone().ok()
     }
 
@@ -138,6 +151,8 @@ pub struct OpenFileStats {
     pub max_open: AtomicU64,
     pub opened: AtomicU64,
     pub evicted: AtomicU64,
+    /// Closed files opened again through their mapping when needed.
+    pub reopened: AtomicU64,
     refused: [AtomicU64; 4],
 }
 
@@ -216,6 +231,11 @@ impl OpenFiles {
             key: opened.key,
             maps_key,
             version: opened.version,
+            origin: Origin {
+                pid,
+                start: line.start,
+                end: line.end,
+            },
             fd: Mutex::new(Some(opened.fd)),
             last_use: AtomicU64::new(0),
             stats: self.stats.clone(),
@@ -265,6 +285,28 @@ impl Registry {
             released.push(file);
         }
         released.extend(live.into_iter().map(|(_, _, file)| file));
+    }
+}
+
+#[derive(Debug)]
+struct Origin {
+    pid: u32,
+    start: u64,
+    end: u64,
+}
+
+impl Origin {
+    /// Enough of a maps line to reopen through map_files (never by path).
+    fn line(&self) -> MapsLine<'static> {
+        MapsLine {
+            start: self.start,
+            end: self.end,
+            executable: true,
+            offset: 0,
+            dev: 0,
+            inode: 0,
+            path: "",
+        }
     }
 }
 
@@ -339,3 +381,6 @@ fn current_version(file: &MappedFile) -> Option<FileVersion> {
     let borrowed = std::mem::ManuallyDrop::new(unsafe { File::from_raw_fd(fd) });
     borrowed.metadata().ok().map(|meta| version_of(&meta))
 }
+
+#[cfg(test)]
+mod tests;

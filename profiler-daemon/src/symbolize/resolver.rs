@@ -170,9 +170,10 @@ impl Resolver {
 
     fn resolve_file(&mut self, key: FileKey, file: &MappedFile, offsets: Vec<u64>) {
         let Some(fd) = file.descriptor() else {
-            // The open-file bound closed it: these frames stay unknown.
+            // The open-file bound closed it and its process is gone: these
+            // frames stay unknown. Not cached: a process that maps the file
+            // later brings a new descriptor.
             self.stats.files_closed += offsets.len() as u64;
-            self.cache_user(key, file.version, offsets, None);
             return;
         };
         file.touch();

@@ -19,6 +19,7 @@ pub struct OpenFilesSnapshot {
     max_open: u64,
     opened: u64,
     evicted: u64,
+    reopened: u64,
     refused: [(&'static str, u64); 4],
 }
 
@@ -30,6 +31,7 @@ impl OpenFilesSnapshot {
             max_open: stats.max_open.load(Relaxed),
             opened: stats.opened.load(Relaxed),
             evicted: stats.evicted.load(Relaxed),
+            reopened: stats.reopened.load(Relaxed),
             refused: Refusal::ALL.map(|reason| (reason.name(), stats.refused(reason))),
         }
     }
@@ -130,8 +132,14 @@ pub fn encode(
     )?;
     counter(
         out,
+        "mapped_files_reopened",
+        "Closed files opened again through their still-running process's mapping",
+        files.reopened,
+    )?;
+    counter(
+        out,
         "mapped_files_closed_addresses",
-        "Addresses left unresolved because the bound had closed their file",
+        "Addresses left unresolved because the bound had closed their file and its process was gone",
         resolver.files_closed,
     )?;
     labelled_counters(

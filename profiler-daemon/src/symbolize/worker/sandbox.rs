@@ -39,40 +39,24 @@ pub unsafe fn confine(memory_bytes: u64) -> io::Result<()> {
             check(libc::setresgid(NOBODY, NOBODY, NOBODY))?;
             check(libc::setresuid(NOBODY, NOBODY, NOBODY))?;
         }
-        check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))?;
-        drop_all_capabilities()
+        // With no ambient set, a uid other than 0 and no_new_privs (file
+        // capabilities ignored), exec leaves the worker no capability: it
+        // checks that itself (`verify_unprivileged`). No capset here: a
+        // systemd unit's ~@privileged filter refuses it.
+        check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))
     }
 }
 
-/// capset(2) with empty effective, permitted and inheritable sets.
-unsafe fn drop_all_capabilities() -> io::Result<()> {
-    #[repr(C)]
-    struct Header {
-        version: u32,
-        pid: i32,
-    }
-    #[repr(C)]
-    #[derive(Clone, Copy)]
-    struct Data {
-        effective: u32,
-        permitted: u32,
-        inheritable: u32,
-    }
-    const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
-    let mut header = Header {
-        version: LINUX_CAPABILITY_VERSION_3,
-        pid: 0,
-    };
-    let data = [Data {
-        effective: 0,
-        permitted: 0,
-        inheritable: 0,
-    }; 2];
-    // SAFETY: version 3 takes a header and two data structs, as laid out here.
-    check(unsafe { libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()) } as libc::c_int)
-}
-
+/// Lowers a limit (never above the current hard limit: raising it would need
+/// CAP_SYS_RESOURCE).
 unsafe fn limit(resource: libc::__rlimit_resource_t, value: u64) -> io::Result<()> {
+    let mut current = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: a valid rlimit out-parameter for this process.
+    check(unsafe { libc::getrlimit(resource, &mut current) })?;
+    let value = value.min(current.rlim_max);
     let limit = libc::rlimit {
         rlim_cur: value,
         rlim_max: value,
