@@ -1,5 +1,3 @@
-use std::os::unix::fs::MetadataExt as _;
-
 use super::*;
 use crate::collect::parse_maps_line;
 
