@@ -102,6 +102,14 @@ impl Daemon {
         self.child.as_ref().map_or(0, Child::id)
     }
 
+    /// How the daemon ended, if it has: it is reaped then, and [`Self::pid`]
+    /// is 0 from then on (its pid may be reused).
+    pub fn try_wait(&mut self) -> Option<std::process::ExitStatus> {
+        let status = self.child.as_mut()?.try_wait().ok().flatten()?;
+        self.child = None;
+        Some(status)
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
     }

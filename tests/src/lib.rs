@@ -4,6 +4,8 @@
 pub mod attacker;
 pub mod container;
 pub mod daemon;
+pub mod elf;
+pub mod hostile;
 pub mod rootfs;
 
 use std::{
