@@ -146,13 +146,15 @@ fn a_file_truncated_under_the_symbolizer_does_not_bring_it_down() {
         watched.samples_of(attack.pid(), 30) > 0,
         "the attacker's process was sampled"
     );
-    // A SIGBUS or a failed parse costs a worker (restarted, counted), and a
-    // file that does it twice is quarantined.
+    // A SIGBUS costs a worker (restarted, counted; twice and the file is
+    // quarantined); a file found cut short while its headers are read is a
+    // file that could not be read.
     assert_counted(
         &watched.metrics(),
         &[
             "profilerd_symbolizer_worker_restarts_total",
             "profilerd_symbolizer_files_quarantined_total",
+            "profilerd_symbol_source_errors_total",
         ],
         "the worker hit by the truncated file",
     );

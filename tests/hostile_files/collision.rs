@@ -78,10 +78,31 @@ fn an_inode_collision_symlink_to_a_fifo_does_not_hang_the_daemon() {
         watched.samples_of(attack.pid(), 30) > 0,
         "the attacker's process was sampled"
     );
+    assert_read_its_own_file(&watched, &attack, &trap);
+}
+
+/// The daemon read what the attacker really mapped (its own file, which is
+/// code but no ELF: a read error, counted, and `[unknown] FILE+0xOFFSET`
+/// frames named after that file), not what the path now leads to.
+fn assert_read_its_own_file(watched: &Watched, attack: &Attack, trap: &str) {
+    let path = trap
+        .rsplit_once(" from ")
+        .map(|(_, path)| path.trim())
+        .unwrap_or_else(|| panic!("the attacker should say which file it mapped: {trap:?}"));
+    let name = path.rsplit('/').next().unwrap_or(path);
+    let folded = watched
+        .daemon
+        .get(&format!("/folded?pid={}&seconds=60", attack.pid()))
+        .text();
+    let own = format!("[unknown] {name} (deleted)+0x");
+    assert!(
+        folded.contains(&own),
+        "the attacker's frames should be {own}..., from the file it mapped; got:\n{folded}"
+    );
     assert_counted(
         &watched.metrics(),
-        &["profilerd_mapped_files_refused_total"],
-        "the mapping whose path leads to a FIFO",
+        &["profilerd_symbol_source_errors_total"],
+        "the attacker's own (non-ELF) file was read and found unreadable",
     );
 }
 
@@ -165,9 +186,5 @@ fn an_inode_collision_symlink_does_not_reveal_a_root_only_binary() {
         "the root-only binary leaked into the profiles:\n{}",
         leaks.join("\n")
     );
-    assert_counted(
-        &watched.metrics(),
-        &["profilerd_mapped_files_refused_total"],
-        "the mapping whose path leads to another file",
-    );
+    assert_read_its_own_file(&watched, &attack, &trap);
 }

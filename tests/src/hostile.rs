@@ -21,10 +21,13 @@ pub use attack::{Attack, Scratch};
 
 use crate::{Workload, daemon::Daemon, parse_folded, rss_kib};
 
-/// Bounds the daemon (with its descendants) must stay within whatever an
-/// attack does. Generous on purpose (the daemon's own limits are to be
-/// configured and documented): tighten them to those limits plus headroom.
-pub const MAX_DAEMON_FDS: usize = 4096;
+/// Bounds the daemon (with its symbolizer worker) must stay within whatever
+/// an attack does, from its documented defaults (README, "Hostile input"):
+/// descriptors: max_open_files (1024) + http_max_connections (512) + the
+/// worker's 32 cached files and its debug files + BPF maps, sockets and
+/// the like (128); memory: far below the unit's MemoryMax (2 GiB), at the
+/// store's bound (64 MiB) plus caches and the worker's parsed files.
+pub const MAX_DAEMON_FDS: usize = 1024 + 512 + 64 + 128;
 pub const MAX_DAEMON_RSS_KIB: u64 = 512 * 1024;
 /// How much slower than usual a scrape may answer while an attack runs.
 pub const SCRAPE_SLACK: Duration = Duration::from_secs(1);
