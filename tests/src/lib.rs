@@ -4,6 +4,7 @@
 pub mod attacker;
 pub mod container;
 pub mod daemon;
+pub mod elf_mutants;
 pub mod rootfs;
 
 use std::{
