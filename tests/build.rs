@@ -10,6 +10,9 @@ use std::path::Path;
 use anyhow::{Context as _, bail};
 
 const WORKLOADS: &[&str] = &["split", "threads", "zero_reader", "short_lived", "cpu_shares"];
+/// The fuzz test's victim is optimised code with the debug info a release
+/// build has (what the symbolizer meets in the wild), as a shared object.
+const FUZZ_VICTIM_FLAGS: &[&str] = &["-O2", "-g", "-fPIC", "-shared"];
 
 /// What the hostile-input tests run as the attacker (and the root-only binary
 /// they try to read): see tests/hostile_files.rs.
@@ -45,6 +48,14 @@ fn main() -> anyhow::Result<()> {
     let library = out.join("libbig.so");
     cc(&["-shared", "-fPIC"], &source, &library)?;
     export("big_library", &library);
+    println!("cargo::rerun-if-changed=workloads/fuzz_victim.h");
+    for (name, extra) in [("fuzz_victim", FUZZ_VICTIM_FLAGS), ("fuzz_loader", &[][..])] {
+        let source = format!("workloads/{name}.c");
+        println!("cargo::rerun-if-changed={source}");
+        let binary = out.join(name);
+        cc(extra, Path::new(&source), &binary)?;
+        export(name, &binary);
+    }
     Ok(())
 }
 

@@ -5,6 +5,7 @@ pub mod attacker;
 pub mod container;
 pub mod daemon;
 pub mod elf;
+pub mod elf_mutants;
 pub mod hostile;
 pub mod rootfs;
 
