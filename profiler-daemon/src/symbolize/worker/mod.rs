@@ -38,6 +38,10 @@ const QUARANTINE_AFTER: u8 = 2;
 const MAX_REMEMBERED_FAILURES: usize = 4096;
 /// After a worker fails to start, wait this long before trying again.
 const RESPAWN_BACKOFF: Duration = Duration::from_secs(1);
+/// A worker is replaced (not counted as a failure) after this many requests,
+/// so that whatever a parser leaks cannot build up to its memory limit and
+/// be blamed on an innocent file.
+const RECYCLE_AFTER_REQUESTS: u64 = 20_000;
 
 #[derive(Clone, Debug)]
 pub struct WorkerConfig {
@@ -87,11 +91,14 @@ pub struct WorkerStats {
     pub spawn_failures: u64,
     pub quarantined: u64,
     pub quarantine_skips: u64,
+    /// Workers replaced after RECYCLE_AFTER_REQUESTS requests.
+    pub recycled: u64,
 }
 
 struct Running {
     child: Child,
     socket: OwnedFd,
+    requests: u64,
 }
 
 /// The daemon's end: starts, feeds, times and restarts the worker.
@@ -164,7 +171,18 @@ impl WorkerClient {
 
     fn exchange(&mut self, request: &Request, fd: &OwnedFd) -> Result<Response, WorkerError> {
         let deadline = Instant::now() + self.config.deadline;
+        if self
+            .running
+            .as_ref()
+            .is_some_and(|running| running.requests >= RECYCLE_AFTER_REQUESTS)
+        {
+            self.stop();
+            self.stats.recycled += 1;
+        }
         let socket = self.socket()?;
+        if let Some(running) = &mut self.running {
+            running.requests += 1;
+        }
         protocol::send_frame(socket, request, Some(fd.as_raw_fd())).map_err(|err| self.lost(err))?;
         let wait = || wait_readable(socket, deadline);
         let (body, _) =
@@ -235,7 +253,11 @@ impl WorkerClient {
             command.pre_exec(move || sandbox::confine(memory));
         }
         let child = command.spawn()?;
-        Ok(Running { child, socket: ours })
+        Ok(Running {
+            child,
+            socket: ours,
+            requests: 0,
+        })
     }
 
     /// The running worker's pid, if one runs.
