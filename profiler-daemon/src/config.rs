@@ -30,6 +30,9 @@ pub struct Config {
     pub counts_map_entries: Option<u64>,
     pub user_stack_map_entries: Option<u64>,
     pub kernel_stack_map_entries: Option<u64>,
+    pub http_max_connections: Option<u64>,
+    pub http_header_timeout_ms: Option<u64>,
+    pub http_idle_timeout_seconds: Option<u64>,
 }
 
 /// Every error names the file and, when known, the line (`FILE:LINE:`), so
@@ -65,7 +68,7 @@ fn line_prefix(line: Option<usize>) -> String {
 
 /// The accepted range of each numeric key: the same as its flag's (a test
 /// checks them against clap's).
-pub const RANGES: [(&str, RangeInclusive<u64>); 7] = [
+pub const RANGES: [(&str, RangeInclusive<u64>); 10] = [
     ("retention_seconds", 1..=86_400),
     ("store_max_mb", 1..=65_536),
     ("frequency", 1..=10_000),
@@ -73,6 +76,9 @@ pub const RANGES: [(&str, RangeInclusive<u64>); 7] = [
     ("counts_map_entries", 1..=1 << 22),
     ("user_stack_map_entries", 1..=1 << 20),
     ("kernel_stack_map_entries", 1..=1 << 20),
+    ("http_max_connections", 1..=65_536),
+    ("http_header_timeout_ms", 100..=300_000),
+    ("http_idle_timeout_seconds", 1..=3600),
 ];
 
 impl Config {
@@ -110,7 +116,7 @@ impl Config {
         Self::parse(&text, &shown)
     }
 
-    fn numbers(&self) -> [(&'static str, Option<u64>); 7] {
+    fn numbers(&self) -> [(&'static str, Option<u64>); 10] {
         [
             ("retention_seconds", self.retention_seconds),
             ("store_max_mb", self.store_max_mb),
@@ -119,6 +125,9 @@ impl Config {
             ("counts_map_entries", self.counts_map_entries),
             ("user_stack_map_entries", self.user_stack_map_entries),
             ("kernel_stack_map_entries", self.kernel_stack_map_entries),
+            ("http_max_connections", self.http_max_connections),
+            ("http_header_timeout_ms", self.http_header_timeout_ms),
+            ("http_idle_timeout_seconds", self.http_idle_timeout_seconds),
         ]
     }
 
@@ -165,6 +174,22 @@ impl Config {
             &mut sampling.kernel_stack_map_entries,
             narrow(self.kernel_stack_map_entries),
             from_file("kernel_stack_map_entries"),
+        );
+        let http = &mut args.http;
+        set(
+            &mut http.http_max_connections,
+            self.http_max_connections,
+            from_file("http_max_connections"),
+        );
+        set(
+            &mut http.http_header_timeout_ms,
+            self.http_header_timeout_ms,
+            from_file("http_header_timeout_ms"),
+        );
+        set(
+            &mut http.http_idle_timeout_seconds,
+            self.http_idle_timeout_seconds,
+            from_file("http_idle_timeout_seconds"),
         );
     }
 }
@@ -229,9 +254,11 @@ fn line_of_key(text: &str, key: &str) -> Option<usize> {
 /// The effective settings, as `check-config` prints them (valid TOML).
 pub fn describe(args: &DaemonArgs) -> String {
     let s = &args.sampling;
+    let h = &args.http;
     format!(
         "listen = \"{}\"\nretention_seconds = {}\nstore_max_mb = {}\nfrequency = {}\ndrain_interval_ms = {}\n\
-         counts_map_entries = {}\nuser_stack_map_entries = {}\nkernel_stack_map_entries = {}\n",
+         counts_map_entries = {}\nuser_stack_map_entries = {}\nkernel_stack_map_entries = {}\n\
+         http_max_connections = {}\nhttp_header_timeout_ms = {}\nhttp_idle_timeout_seconds = {}\n",
         args.listen,
         args.retention_seconds,
         args.store_max_mb,
@@ -239,7 +266,10 @@ pub fn describe(args: &DaemonArgs) -> String {
         s.drain_interval_ms,
         s.counts_map_entries,
         s.user_stack_map_entries,
-        s.kernel_stack_map_entries
+        s.kernel_stack_map_entries,
+        h.http_max_connections,
+        h.http_header_timeout_ms,
+        h.http_idle_timeout_seconds
     )
 }
 
