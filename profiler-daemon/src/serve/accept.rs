@@ -88,8 +88,8 @@ pub(super) async fn run(
                 table.count_accept_error();
                 let pause = errors.on_error(&err);
                 tokio::select! {
-                _ = stopping.wait_for(|stop| *stop) => break,
-                () = tokio::time::sleep(pause) => continue,
+                    _ = stopping.wait_for(|stop| *stop) => break,
+                    () = tokio::time::sleep(pause) => continue,
                 }
             }
         };
@@ -101,7 +101,6 @@ pub(super) async fn run(
         // stream closes it at once.
         let Some(admission) = admission else { continue };
         let conn = Connection {
-            slot: admission.slot().clone(),
             admission,
             stopping: stopping.clone(),
         };
@@ -113,19 +112,19 @@ pub(super) async fn run(
 
 struct Connection {
     admission: Admission,
-    slot: Arc<Slot>,
     stopping: watch::Receiver<bool>,
 }
 
 impl Connection {
     async fn serve(mut self, stream: TcpStream, router: Router, builder: http1::Builder) {
+        let slot = self.admission.slot().clone();
         let io = TokioIo::new(Watched {
             stream,
-            slot: self.slot.clone(),
+            slot: slot.clone(),
         });
-        let slot = self.slot.clone();
+        let for_requests = slot.clone();
         let service = service_fn(move |request: Request<Incoming>| {
-            let guard = slot.begin_request();
+            let guard = for_requests.begin_request();
             let response = router.clone().call(request.map(Body::new));
             async move {
                 let response = response.await?;
@@ -139,7 +138,7 @@ impl Connection {
             let mut conn = pin!(builder.serve_connection(io, service));
             let mut draining = false;
             loop {
-                let deadline = self.slot.deadline(&limits);
+                let deadline = slot.deadline(&limits);
                 tokio::select! {
                     result = conn.as_mut() => {
                         if let Err(err) = result {
@@ -149,18 +148,18 @@ impl Connection {
                     }
                     () = sleep_until(deadline.map(|(at, _)| at)) => {
                         // Re-read: a request may have begun since.
-                        match self.slot.deadline(&limits) {
+                        match slot.deadline(&limits) {
                             Some((at, reason)) if at <= Instant::now() => break Some(reason),
                             _ => {}
                         }
                     }
-                    () = self.slot.changed() => {
-                        if self.slot.take_eviction() {
+                    () = slot.changed() => {
+                        if slot.take_eviction() {
                             break Some(CloseReason::Evicted);
                         }
                     }
                     _ = self.stopping.wait_for(|stop| *stop), if !draining => {
-                        if !self.slot.is_busy() {
+                        if !slot.is_busy() {
                             break None;
                         }
                         // hyper finishes the response, then closes.
