@@ -8,7 +8,7 @@ use std::{
 
 use profilerd_tests::{
     Workload, artifacts_dir,
-    daemon::{Daemon, free_port, go_pprof, parse_raw},
+    daemon::{Daemon, free_port, go_pprof, metric, parse_raw},
     profilerd_bin, serial,
 };
 
@@ -16,19 +16,6 @@ fn profile_of(daemon: &Daemon, name: &str, query: &str) -> Vec<profilerd_tests::
     let file = artifacts_dir().join(name).display().to_string();
     daemon.fetch_pprof(query, file.as_ref());
     parse_raw(&go_pprof(&["-raw", &file]))
-}
-
-/// The value of an (unlabelled or labelled) sample in /metrics output.
-fn metric(text: &str, series: &str) -> u64 {
-    text.lines()
-        .find_map(|line| {
-            line.strip_prefix(series)?
-                .strip_prefix(' ')?
-                .trim()
-                .parse::<f64>()
-                .ok()
-        })
-        .unwrap_or_else(|| panic!("series {series} missing from /metrics:\n{text}")) as u64
 }
 
 /// Ids of loaded BPF programs (bpftool).

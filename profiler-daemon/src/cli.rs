@@ -8,6 +8,7 @@ use profiler_common::maps;
 use crate::{
     collect::{DEFAULT_MAX_OPEN_FILES, MapSizes, SamplerOptions},
     pipeline::{PipelineOptions, SymbolizerOptions},
+    serve::connections::ConnectionLimits,
     store::StoreConfig,
 };
 
@@ -87,6 +88,37 @@ pub struct DaemonArgs {
     pub store_max_mb: u64,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub http: HttpArgs,
+}
+
+/// Bounds on HTTP connections, so that idle or slow clients cannot exhaust
+/// the daemon or lock scrapers out.
+#[derive(Debug, Clone, Args)]
+pub struct HttpArgs {
+    /// Most HTTP connections held at once. At the limit, a new connection
+    /// closes the one idle the longest, or is refused if every one has a
+    /// request in flight.
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..=65_536))]
+    pub http_max_connections: u64,
+    /// How long a client has to send a request's headers, in milliseconds
+    /// (from connecting, or from its first byte after an idle spell).
+    #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(100..=300_000))]
+    pub http_header_timeout_ms: u64,
+    /// How long a keep-alive connection may wait for its next request, in seconds.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub http_idle_timeout_seconds: u64,
+}
+
+impl HttpArgs {
+    pub fn limits(&self) -> ConnectionLimits {
+        ConnectionLimits {
+            // Within the flag's range, which fits any usize we build for.
+            max_connections: usize::try_from(self.http_max_connections).unwrap_or(usize::MAX),
+            header_timeout: Duration::from_millis(self.http_header_timeout_ms),
+            idle_timeout: Duration::from_secs(self.http_idle_timeout_seconds),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -33,6 +33,9 @@ pub struct Config {
     pub max_open_files: Option<u64>,
     pub symbolizer_memory_mb: Option<u64>,
     pub symbolizer_deadline_ms: Option<u64>,
+    pub http_max_connections: Option<u64>,
+    pub http_header_timeout_ms: Option<u64>,
+    pub http_idle_timeout_seconds: Option<u64>,
 }
 
 /// Every error names the file and, when known, the line (`FILE:LINE:`), so
@@ -68,7 +71,7 @@ fn line_prefix(line: Option<usize>) -> String {
 
 /// The accepted range of each numeric key: the same as its flag's (a test
 /// checks them against clap's).
-pub const RANGES: [(&str, RangeInclusive<u64>); 10] = [
+pub const RANGES: [(&str, RangeInclusive<u64>); 13] = [
     ("retention_seconds", 1..=86_400),
     ("store_max_mb", 1..=65_536),
     ("frequency", 1..=10_000),
@@ -79,6 +82,9 @@ pub const RANGES: [(&str, RangeInclusive<u64>); 10] = [
     ("max_open_files", 16..=65_536),
     ("symbolizer_memory_mb", 64..=65_536),
     ("symbolizer_deadline_ms", 100..=600_000),
+    ("http_max_connections", 1..=65_536),
+    ("http_header_timeout_ms", 100..=300_000),
+    ("http_idle_timeout_seconds", 1..=3600),
 ];
 
 impl Config {
@@ -116,7 +122,7 @@ impl Config {
         Self::parse(&text, &shown)
     }
 
-    fn numbers(&self) -> [(&'static str, Option<u64>); 10] {
+    fn numbers(&self) -> [(&'static str, Option<u64>); 13] {
         [
             ("retention_seconds", self.retention_seconds),
             ("store_max_mb", self.store_max_mb),
@@ -128,6 +134,9 @@ impl Config {
             ("max_open_files", self.max_open_files),
             ("symbolizer_memory_mb", self.symbolizer_memory_mb),
             ("symbolizer_deadline_ms", self.symbolizer_deadline_ms),
+            ("http_max_connections", self.http_max_connections),
+            ("http_header_timeout_ms", self.http_header_timeout_ms),
+            ("http_idle_timeout_seconds", self.http_idle_timeout_seconds),
         ]
     }
 
@@ -189,6 +198,22 @@ impl Config {
             &mut sampling.symbolizer_deadline_ms,
             self.symbolizer_deadline_ms,
             from_file("symbolizer_deadline_ms"),
+        );
+        let http = &mut args.http;
+        set(
+            &mut http.http_max_connections,
+            self.http_max_connections,
+            from_file("http_max_connections"),
+        );
+        set(
+            &mut http.http_header_timeout_ms,
+            self.http_header_timeout_ms,
+            from_file("http_header_timeout_ms"),
+        );
+        set(
+            &mut http.http_idle_timeout_seconds,
+            self.http_idle_timeout_seconds,
+            from_file("http_idle_timeout_seconds"),
         );
     }
 }
@@ -253,10 +278,12 @@ fn line_of_key(text: &str, key: &str) -> Option<usize> {
 /// The effective settings, as `check-config` prints them (valid TOML).
 pub fn describe(args: &DaemonArgs) -> String {
     let s = &args.sampling;
+    let h = &args.http;
     format!(
         "listen = \"{}\"\nretention_seconds = {}\nstore_max_mb = {}\nfrequency = {}\ndrain_interval_ms = {}\n\
          counts_map_entries = {}\nuser_stack_map_entries = {}\nkernel_stack_map_entries = {}\n\
-         max_open_files = {}\nsymbolizer_memory_mb = {}\nsymbolizer_deadline_ms = {}\n",
+         max_open_files = {}\nsymbolizer_memory_mb = {}\nsymbolizer_deadline_ms = {}\n\
+         http_max_connections = {}\nhttp_header_timeout_ms = {}\nhttp_idle_timeout_seconds = {}\n",
         args.listen,
         args.retention_seconds,
         args.store_max_mb,
@@ -267,7 +294,10 @@ pub fn describe(args: &DaemonArgs) -> String {
         s.kernel_stack_map_entries,
         s.max_open_files,
         s.symbolizer_memory_mb,
-        s.symbolizer_deadline_ms
+        s.symbolizer_deadline_ms,
+        h.http_max_connections,
+        h.http_header_timeout_ms,
+        h.http_idle_timeout_seconds
     )
 }
 

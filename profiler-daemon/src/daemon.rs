@@ -7,7 +7,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tokio::{net::TcpListener, sync::watch};
+use tokio::sync::watch;
 
 use crate::{
     cli::DaemonArgs,
@@ -31,13 +31,12 @@ pub enum DaemonError {
 }
 
 pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
+    raise_fd_limit(args.http.limits().max_connections);
     // Bind before loading BPF: a taken port fails fast and says so.
-    let listener = TcpListener::bind(args.listen)
-        .await
-        .map_err(|source| DaemonError::Bind {
-            address: args.listen,
-            source,
-        })?;
+    let listener = serve::bind(args.listen).map_err(|source| DaemonError::Bind {
+        address: args.listen,
+        source,
+    })?;
     let address = listener.local_addr().unwrap_or(args.listen);
     let retention = Duration::from_secs(args.retention_seconds);
     let store = StoreConfig {
@@ -60,7 +59,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         let _ = signalled.send(Some(Instant::now()));
     };
     let served = tokio::select! {
-        served = serve::serve(listener, ServeState::new(pipeline.clone(), retention), shutdown) => served,
+        served = serve::serve(listener, ServeState::new(pipeline.clone(), retention, args.http.limits()), shutdown) => served,
         () = after_signal(on_signal.clone(), GRACE) => {
             // A client that stalls mid-request (or reads a large answer
             // slowly) would otherwise hold the exit until systemd kills us.
@@ -115,6 +114,53 @@ async fn shutdown_pipeline(mut pipeline: Arc<Pipeline>) {
             Err(shared) => pipeline = shared,
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Descriptors the daemon needs besides HTTP connections (BPF maps and
+/// programs, a perf event per CPU, mapped files being symbolized...), for
+/// the warning below only.
+const FD_RESERVE: u64 = 1024;
+
+/// Raises the soft RLIMIT_NOFILE to the hard limit (systemd's default soft
+/// limit is 1024), so that the daemon's own bounds, not the descriptor
+/// limit, are what an attacker runs into.
+fn raise_fd_limit(max_connections: usize) {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit into the struct we own.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        tracing::warn!(
+            "reading the descriptor limit failed: {}",
+            std::io::Error::last_os_error()
+        );
+        return;
+    }
+    let soft = limit.rlim_cur;
+    if soft < limit.rlim_max {
+        limit.rlim_cur = limit.rlim_max;
+        // SAFETY: setrlimit reads the struct we own; raising the soft limit
+        // up to the hard one needs no privilege.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) } != 0 {
+            tracing::warn!(
+                "raising the descriptor limit from {soft} failed: {}",
+                std::io::Error::last_os_error()
+            );
+            limit.rlim_cur = soft;
+        }
+    }
+    tracing::info!(
+        from = soft,
+        "descriptor limit (RLIMIT_NOFILE): {}",
+        limit.rlim_cur
+    );
+    if limit.rlim_cur < max_connections as u64 + FD_RESERVE {
+        tracing::warn!(
+            "the descriptor limit {} leaves little room beyond http_max_connections = {max_connections}",
+            limit.rlim_cur
+        );
     }
 }
 

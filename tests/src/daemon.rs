@@ -16,6 +16,8 @@ pub struct Daemon {
     child: Option<Child>,
     pub addr: String,
     agent: ureq::Agent,
+    /// Keeps no connection between requests.
+    unpooled: ureq::Agent,
 }
 
 pub struct Response {
@@ -58,10 +60,17 @@ impl Daemon {
             .timeout_global(Some(Duration::from_secs(120)))
             .build()
             .into();
+        let unpooled = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(120)))
+            .max_idle_connections(0)
+            .build()
+            .into();
         let mut daemon = Self {
             child: Some(child),
             addr,
             agent,
+            unpooled,
         };
         let started = Instant::now();
         loop {
@@ -115,9 +124,18 @@ impl Daemon {
     }
 
     pub fn get(&self, path: &str) -> Response {
+        self.get_with(&self.agent, path)
+    }
+
+    /// GET on a connection of its own, closed after the answer: what a
+    /// scraper does when the daemon may have closed its idle connections.
+    pub fn get_on_new_connection(&self, path: &str) -> Response {
+        self.get_with(&self.unpooled, path)
+    }
+
+    fn get_with(&self, agent: &ureq::Agent, path: &str) -> Response {
         let url = self.url(path);
-        let mut response = self
-            .agent
+        let mut response = agent
             .get(&url)
             .call()
             .unwrap_or_else(|err| panic!("GET {url}: {err}"));
@@ -194,6 +212,19 @@ impl Drop for Daemon {
 unsafe extern "C" {
     #[link_name = "kill"]
     fn libc_kill(pid: i32, signal: i32) -> i32;
+}
+
+/// The value of an (unlabelled or labelled) sample in /metrics output.
+pub fn metric(text: &str, series: &str) -> u64 {
+    text.lines()
+        .find_map(|line| {
+            line.strip_prefix(series)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse::<f64>()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("series {series} missing from /metrics:\n{text}")) as u64
 }
 
 /// Runs `go tool pprof ARGS` and returns its standard output.

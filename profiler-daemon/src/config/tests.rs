@@ -129,7 +129,8 @@ fn without_a_file_the_defaults_apply() {
         "listen = \"127.0.0.1:7040\"\nretention_seconds = 300\nstore_max_mb = 64\nfrequency = 99\n\
          drain_interval_ms = 1000\ncounts_map_entries = 16384\nuser_stack_map_entries = 16384\n\
          kernel_stack_map_entries = 8192\nmax_open_files = 1024\nsymbolizer_memory_mb = 1024\n\
-         symbolizer_deadline_ms = 5000\n"
+         symbolizer_deadline_ms = 5000\nhttp_max_connections = 512\nhttp_header_timeout_ms = 5000\n\
+         http_idle_timeout_seconds = 60\n"
     );
     let _ = std::fs::remove_dir_all(&dir);
 }

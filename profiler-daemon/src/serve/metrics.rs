@@ -27,7 +27,11 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use super::{HttpError, ServeState, handlers::store_closed};
+use super::{
+    HttpError, ServeState,
+    connections::{CloseReason, ConnectionStats},
+    handlers::store_closed,
+};
 use crate::{collect::MapSizes, pipeline::PipelineStatus, store::StoreStats};
 
 type RequestLabels = Vec<(&'static str, String)>;
@@ -70,6 +74,7 @@ pub(super) async fn metrics(State(state): State<ServeState>) -> Result<Response,
             .snapshot_failures
             .load(std::sync::atomic::Ordering::Relaxed),
         open_files: isolation::OpenFilesSnapshot::of(state.pipeline.open_files()),
+        connections: state.connections.stats(),
     };
     let mut registry = Registry::with_prefix("profilerd");
     registry.register(
@@ -101,6 +106,7 @@ struct Snapshot {
     snapshots: u64,
     snapshot_failures: u64,
     open_files: isolation::OpenFilesSnapshot,
+    connections: ConnectionStats,
 }
 
 impl Collector for Snapshot {
@@ -279,8 +285,42 @@ impl Collector for Snapshot {
                 ("expired", store.samples_expired),
                 ("evicted", store.samples_evicted),
             ],
-        )
+        )?;
+        encode_connections(out, &self.connections)
     }
+}
+
+fn encode_connections(out: &mut DescriptorEncoder, connections: &ConnectionStats) -> fmt::Result {
+    gauge(
+        out,
+        "http_connections",
+        "HTTP connections open",
+        connections.open as i64,
+    )?;
+    gauge(
+        out,
+        "http_connections_max",
+        "HTTP connections the daemon holds at most (http_max_connections)",
+        connections.max as i64,
+    )?;
+    let closed: Vec<_> = CloseReason::ALL
+        .iter()
+        .zip(connections.closed)
+        .map(|(reason, count)| (reason.label(), count))
+        .collect();
+    labelled_counters(
+        out,
+        "http_connections_closed",
+        "HTTP connections closed by the daemon's bounds, by reason",
+        "reason",
+        &closed,
+    )?;
+    counter(
+        out,
+        "http_accept_errors",
+        "Failed accepts of HTTP connections (e.g. out of descriptors)",
+        connections.accept_errors,
+    )
 }
 
 pub(super) fn counter(encoder: &mut DescriptorEncoder, name: &str, help: &str, value: u64) -> fmt::Result {

@@ -11,7 +11,12 @@
 //!
 //! Errors are one line of text/plain with `X-Go-Pprof: 1`, which is what
 //! makes `go tool pprof` show the message.
+//!
+//! Connections are bounded in number and time ([`connections`]), served by
+//! our own accept loop ([`accept`]).
 
+mod accept;
+pub mod connections;
 mod handlers;
 mod index;
 pub mod metrics;
@@ -29,6 +34,8 @@ use axum::{
 };
 use tokio::{net::TcpListener, sync::watch};
 
+pub use self::accept::bind;
+use self::connections::{ConnectionLimits, ConnectionTable};
 use crate::pipeline::Pipeline;
 
 /// What every handler shares. Cloned per request: it holds handles only.
@@ -37,6 +44,7 @@ pub struct ServeState {
     pipeline: Arc<Pipeline>,
     max_seconds: u64,
     http_metrics: metrics::HttpMetrics,
+    connections: Arc<ConnectionTable>,
     /// Becomes true when the server starts shutting down, so that blocking
     /// profile requests return early instead of holding up the exit.
     stopping: watch::Receiver<bool>,
@@ -44,12 +52,13 @@ pub struct ServeState {
 
 impl ServeState {
     /// `retention` bounds the `seconds` a request may ask for.
-    pub fn new(pipeline: Arc<Pipeline>, retention: Duration) -> Self {
+    pub fn new(pipeline: Arc<Pipeline>, retention: Duration, limits: ConnectionLimits) -> Self {
         let (_, stopping) = watch::channel(false);
         Self {
             pipeline,
             max_seconds: retention.as_secs().max(1),
             http_metrics: metrics::HttpMetrics::default(),
+            connections: Arc::new(ConnectionTable::new(limits)),
             stopping,
         }
     }
@@ -78,21 +87,27 @@ pub fn router(state: ServeState) -> Router {
         .with_state(state)
 }
 
-/// Serves until `shutdown` resolves, then lets in-flight requests finish
-/// (blocking profiles end early with what they have).
+/// Serves until `shutdown` resolves, then closes the connections waiting
+/// for a request and lets in-flight requests finish (blocking profiles end
+/// early with what they have). Dropping the future cuts every connection.
 pub async fn serve(
     listener: TcpListener,
     mut state: ServeState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let (stop, stopping) = watch::channel(false);
-    state.stopping = stopping;
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(async move {
-            shutdown.await;
-            let _ = stop.send(true);
-        })
-        .await
+    state.stopping = stopping.clone();
+    let connections = state.connections.clone();
+    let signal = async move {
+        shutdown.await;
+        let _ = stop.send(true);
+    };
+    // The accept loop ends only once `stop` is sent.
+    tokio::join!(
+        signal,
+        accept::run(listener, router(state), connections, stopping)
+    );
+    Ok(())
 }
 
 /// A failed request: the status and the one line that explains it.

@@ -1,0 +1,310 @@
+//! The accept loop and one task per connection, on hyper directly (axum's
+//! own `serve` has no connection limit and no timeouts).
+//!
+//! hyper's `header_read_timeout` is not used: it restarts whenever a
+//! keep-alive connection waits for its next request, so it would also be
+//! the idle timeout. Each connection's task keeps its own deadlines instead,
+//! from its [`Slot`](super::connections::Slot).
+
+use std::{
+    convert::Infallible,
+    io,
+    net::SocketAddr,
+    pin::{Pin, pin},
+    sync::Arc,
+    task::{Context, Poll},
+    time::{Duration, Instant},
+};
+
+use axum::{
+    Router,
+    body::{Body, Bytes, HttpBody},
+    extract::Request,
+};
+use hyper::{body::Incoming, server::conn::http1, service::service_fn};
+use hyper_util::rt::TokioIo;
+use tokio::{
+    io::{AsyncRead, AsyncWrite, ReadBuf},
+    net::{TcpListener, TcpSocket, TcpStream},
+    sync::watch,
+    task::JoinSet,
+};
+use tower_service::Service;
+
+use super::connections::{Admission, CloseReason, ConnectionTable, RequestGuard, Slot};
+
+/// The most a request's head may take (request line and headers). hyper's
+/// default is ~400 KiB: times the connection limit, a slow sender could pin
+/// 200 MB. Go's default limit is 1 MiB, nginx's 32 KiB; our URLs are short.
+const MAX_HEAD_BYTES: usize = 32 << 10;
+
+/// Connections the kernel completes before we accept them. std's and
+/// tokio's 128 fills in a burst of connects, and then every new client's
+/// SYN is dropped and retried a second later: a flood of connections would
+/// add a second to each scrape. The kernel caps it at net.core.somaxconn.
+const LISTEN_BACKLOG: u32 = 4096;
+
+/// Binds `address` as `TcpListener::bind` does (SO_REUSEADDR), with a
+/// deeper accept queue.
+pub fn bind(address: SocketAddr) -> io::Result<TcpListener> {
+    let socket = if address.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(address)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
+/// Serves `router` on `listener` until `stopping` turns true, then closes
+/// the connections that wait for a request and lets the others finish.
+/// Dropping the returned future aborts every connection.
+pub(super) async fn run(
+    listener: TcpListener,
+    router: Router,
+    table: Arc<ConnectionTable>,
+    mut stopping: watch::Receiver<bool>,
+) {
+    let mut builder = http1::Builder::new();
+    builder
+        .header_read_timeout(None)
+        .max_buf_size(MAX_HEAD_BYTES)
+        .keep_alive(true);
+    let mut tasks = JoinSet::new();
+    let mut errors = AcceptErrors::default();
+    loop {
+        let accepted = tokio::select! {
+            _ = stopping.wait_for(|stop| *stop) => break,
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => continue,
+            accepted = listener.accept() => accepted,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => {
+                errors.consecutive = 0;
+                stream
+            }
+            Err(err) => {
+                table.count_accept_error();
+                let pause = errors.on_error(&err);
+                tokio::select! {
+                    _ = stopping.wait_for(|stop| *stop) => break,
+                    () = tokio::time::sleep(pause) => continue,
+                }
+            }
+        };
+        let admission = tokio::select! {
+            _ = stopping.wait_for(|stop| *stop) => break,
+            admission = table.admit() => admission,
+        };
+        // Refused: every connection has a request in flight. Dropping the
+        // stream closes it at once.
+        let Some(admission) = admission else { continue };
+        let conn = Connection {
+            admission,
+            stopping: stopping.clone(),
+        };
+        tasks.spawn(conn.serve(stream, router.clone(), builder.clone()));
+    }
+    drop(listener);
+    while tasks.join_next().await.is_some() {}
+}
+
+struct Connection {
+    admission: Admission,
+    stopping: watch::Receiver<bool>,
+}
+
+impl Connection {
+    async fn serve(mut self, stream: TcpStream, router: Router, builder: http1::Builder) {
+        let slot = self.admission.slot().clone();
+        let io = TokioIo::new(Watched {
+            stream,
+            slot: slot.clone(),
+        });
+        let for_requests = slot.clone();
+        let service = service_fn(move |request: Request<Incoming>| {
+            let guard = for_requests.begin_request();
+            let response = router.clone().call(request.map(Body::new));
+            async move {
+                let response = response.await?;
+                Ok::<_, Infallible>(response.map(|body| Body::new(GuardedBody { body, _guard: guard })))
+            }
+        });
+        let limits = self.admission.table().limits();
+        // The connection (and its socket) is dropped at the end of this
+        // block, before `self` gives the permit back.
+        let closed_by = {
+            let mut conn = pin!(builder.serve_connection(io, service));
+            let mut draining = false;
+            loop {
+                let deadline = slot.deadline(&limits);
+                tokio::select! {
+                    result = conn.as_mut() => {
+                        if let Err(err) = result {
+                            tracing::debug!("HTTP connection ended: {err}");
+                        }
+                        break None;
+                    }
+                    () = sleep_until(deadline.map(|(at, _)| at)) => {
+                        // Re-read: a request may have begun since.
+                        match slot.deadline(&limits) {
+                            Some((at, reason)) if at <= Instant::now() => break Some(reason),
+                            _ => {}
+                        }
+                    }
+                    () = slot.changed() => {
+                        if slot.take_eviction() {
+                            break Some(CloseReason::Evicted);
+                        }
+                    }
+                    _ = self.stopping.wait_for(|stop| *stop), if !draining => {
+                        if !slot.is_busy() {
+                            break None;
+                        }
+                        // hyper finishes the response, then closes.
+                        conn.as_mut().graceful_shutdown();
+                        draining = true;
+                    }
+                }
+            }
+        };
+        if let Some(reason) = closed_by {
+            self.admission.table().count_closed(reason);
+        }
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The socket, telling the connection's [`Slot`] when bytes arrive and
+/// whether a response write is stuck on the client.
+struct Watched {
+    stream: TcpStream,
+    slot: Arc<Slot>,
+}
+
+impl AsyncRead for Watched {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.stream).poll_read(cx, buf);
+        if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.slot.on_read();
+        }
+        polled
+    }
+}
+
+impl AsyncWrite for Watched {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.stream).poll_write(cx, data);
+        self.note_write(&polled);
+        polled
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.stream).poll_write_vectored(cx, data);
+        self.note_write(&polled);
+        polled
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let polled = Pin::new(&mut self.stream).poll_flush(cx);
+        // hyper flushes once its buffer is written out: nothing is pending.
+        if matches!(polled, Poll::Ready(Ok(()))) {
+            self.slot.set_write_blocked(false);
+        }
+        polled
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
+impl Watched {
+    fn note_write<T>(&self, polled: &Poll<io::Result<T>>) {
+        if polled.is_pending() {
+            self.slot.set_write_blocked(true);
+        }
+    }
+}
+
+/// A response body that keeps its request in flight until hyper is done
+/// with it (written out, or the connection gone).
+struct GuardedBody {
+    body: Body,
+    _guard: RequestGuard,
+}
+
+impl HttpBody for GuardedBody {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Bytes>, axum::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// Accept failures (EMFILE, ENFILE, ENOBUFS...): never fatal, never a
+/// busy loop. Each one pauses the loop (doubling while they repeat), and
+/// they are logged at most once per [`LOG_EVERY`].
+#[derive(Default)]
+struct AcceptErrors {
+    consecutive: u32,
+    last_logged: Option<Instant>,
+    unlogged: u64,
+}
+
+const LOG_EVERY: Duration = Duration::from_secs(10);
+const FIRST_PAUSE: Duration = Duration::from_millis(10);
+const MAX_PAUSE: Duration = Duration::from_secs(1);
+
+impl AcceptErrors {
+    /// Logs (if due) and returns how long to pause.
+    fn on_error(&mut self, err: &io::Error) -> Duration {
+        self.consecutive = self.consecutive.saturating_add(1);
+        if self.last_logged.is_none_or(|at| at.elapsed() >= LOG_EVERY) {
+            match self.unlogged {
+                0 => tracing::warn!("accepting an HTTP connection failed: {err}"),
+                more => tracing::warn!(
+                    "accepting an HTTP connection failed: {err} ({more} more since the last report)"
+                ),
+            }
+            self.last_logged = Some(Instant::now());
+            self.unlogged = 0;
+        } else {
+            self.unlogged += 1;
+        }
+        let doublings = self.consecutive.saturating_sub(1).min(10);
+        (FIRST_PAUSE * 2u32.pow(doublings)).min(MAX_PAUSE)
+    }
+}
