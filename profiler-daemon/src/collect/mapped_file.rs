@@ -122,14 +122,17 @@ pub enum Refusal {
     OpenFailed,
     /// The process maps more files than one process may hold.
     PerProcessLimit,
+    /// On a filesystem a user process serves (FUSE): opening could hang.
+    UserFilesystem,
 }
 
 impl Refusal {
-    pub const ALL: [Refusal; 4] = [
+    pub const ALL: [Refusal; 5] = [
         Refusal::NotRegular,
         Refusal::IdentityMismatch,
         Refusal::OpenFailed,
         Refusal::PerProcessLimit,
+        Refusal::UserFilesystem,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -138,6 +141,7 @@ impl Refusal {
             Refusal::IdentityMismatch => "identity_mismatch",
             Refusal::OpenFailed => "open_failed",
             Refusal::PerProcessLimit => "per_process_limit",
+            Refusal::UserFilesystem => "user_filesystem",
         }
     }
 }
@@ -153,7 +157,7 @@ pub struct OpenFileStats {
     pub evicted: AtomicU64,
     /// Closed files opened again through their mapping when needed.
     pub reopened: AtomicU64,
-    refused: [AtomicU64; 4],
+    refused: [AtomicU64; Refusal::ALL.len()],
 }
 
 impl OpenFileStats {
@@ -250,9 +254,9 @@ impl OpenFiles {
         Some(file)
     }
 
-    /// Refuses one mapping for the per-process bound (counted).
-    pub fn refuse_over_process_limit(&self) {
-        self.stats.refuse(Refusal::PerProcessLimit);
+    /// Counts a mapping refused before any open (per-process bound, FUSE).
+    pub fn refuse(&self, reason: Refusal) {
+        self.stats.refuse(reason);
     }
 }
 

@@ -2,9 +2,12 @@
 //! kept usable after it exits: files that cannot be reopened later by path
 //! (deleted, replaced, or in another mount namespace) are held open.
 
-use std::{collections::HashMap, sync::Arc};
+use std::{
+    collections::{HashMap, HashSet},
+    sync::Arc,
+};
 
-use super::mapped_file::{MappedFile, OpenFiles};
+use super::mapped_file::{MappedFile, OpenFiles, Refusal};
 
 /// Files one process may have held open for it: far more than the shared
 /// libraries a real program maps, far less than the descriptor bound.
@@ -92,6 +95,7 @@ impl SnapshotReader {
             .unwrap_or_default();
         let mut mappings = Vec::new();
         let mut files: HashMap<(u64, u64), Arc<MappedFile>> = HashMap::new();
+        let mut fuse_devices: Option<HashSet<u64>> = None;
         for line in maps.lines() {
             let Some(parsed) = parse_maps_line(line) else {
                 continue;
@@ -104,7 +108,16 @@ impl SnapshotReader {
             } else if let Some(file) = files.get(&(parsed.dev, parsed.inode)) {
                 Some(file.clone())
             } else if files.len() >= MAX_FILES_PER_PROCESS {
-                self.files.refuse_over_process_limit();
+                self.files.refuse(Refusal::PerProcessLimit);
+                None
+            } else if fuse_devices
+                .get_or_insert_with(|| fuse_devices_of(pid))
+                .contains(&parsed.dev)
+            {
+                // Opening a file on FUSE asks the process that serves the
+                // mount, which any user can run (in a user namespace) and
+                // which need never answer: the open would hang this thread.
+                self.files.refuse(Refusal::UserFilesystem);
                 None
             } else {
                 let file = self.files.open(pid, &parsed);
@@ -129,6 +142,29 @@ impl SnapshotReader {
             mappings,
         })
     }
+}
+
+/// Devices of the FUSE mounts in the process's mount namespace (as the
+/// kernel renders /proc/PID/mountinfo: `ID PARENT MAJOR:MINOR ... - FSTYPE ...`).
+fn fuse_devices_of(pid: u32) -> HashSet<u64> {
+    std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))
+        .map(|mountinfo| fuse_devices(&mountinfo))
+        .unwrap_or_default()
+}
+
+pub fn fuse_devices(mountinfo: &str) -> HashSet<u64> {
+    mountinfo
+        .lines()
+        .filter_map(|line| {
+            let (fields, tail) = line.split_once(" - ")?;
+            let fstype = tail.split_whitespace().next()?;
+            if fstype != "fuse" && fstype != "fuseblk" && !fstype.starts_with("fuse.") {
+                return None;
+            }
+            let (major, minor) = fields.split_whitespace().nth(2)?.split_once(':')?;
+            Some(libc::makedev(major.parse().ok()?, minor.parse().ok()?))
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -160,6 +196,20 @@ mod tests {
         let vdso = parse_maps_line("7fff0000-7fff2000 r-xp 00000000 00:00 0                  [vdso]")
             .expect("vdso line");
         assert_eq!((vdso.executable, vdso.path), (true, "[vdso]"));
+    }
+
+    #[test]
+    fn fuse_mounts_are_found_by_device() {
+        let mountinfo = "22 1 254:1 / / rw,relatime shared:1 - ext4 /dev/vda1 rw\n\
+            40 22 0:44 / /home/u/mnt rw,nosuid,nodev shared:9 - fuse.sshfs host:/ rw,user_id=1000\n\
+            41 22 0:45 / /tmp/x rw - tmpfs tmpfs rw\n\
+            42 22 8:17 / /media/usb rw - fuseblk /dev/sdb1 rw\n\
+            malformed line";
+        let devices = fuse_devices(mountinfo);
+        assert_eq!(
+            devices,
+            HashSet::from([libc::makedev(0, 44), libc::makedev(8, 17)])
+        );
     }
 
     #[test]

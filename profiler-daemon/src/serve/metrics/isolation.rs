@@ -20,7 +20,7 @@ pub struct OpenFilesSnapshot {
     opened: u64,
     evicted: u64,
     reopened: u64,
-    refused: [(&'static str, u64); 4],
+    refused: [(&'static str, u64); Refusal::ALL.len()],
 }
 
 impl OpenFilesSnapshot {
