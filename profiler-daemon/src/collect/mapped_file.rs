@@ -24,7 +24,7 @@ use std::{
     },
 };
 
-use super::process_snapshot::MapsLine;
+use super::proc_maps::MapsLine;
 
 /// Identity of a file: cache keys use it, never a path, since paths
 /// (and `/proc/self/fd/N` numbers) get reused for other files.

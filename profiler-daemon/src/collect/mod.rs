@@ -7,6 +7,7 @@
 mod btf;
 mod drain;
 mod mapped_file;
+mod proc_maps;
 mod process_snapshot;
 mod sampler;
 mod watcher;
@@ -15,9 +16,8 @@ pub use drain::{BpfCounters, Drainer, RawBatch, RawSample};
 pub use mapped_file::{
     DEFAULT_MAX_OPEN_FILES, FileKey, FileVersion, MappedFile, OpenFileStats, OpenFiles, Refusal,
 };
-pub use process_snapshot::{
-    MAX_FILES_PER_PROCESS, MapsLine, ProcessSnapshot, SnapshotMapping, SnapshotReader, parse_maps_line,
-};
+pub use proc_maps::{MapsLine, parse_maps_line};
+pub use process_snapshot::{MAX_FILES_PER_PROCESS, ProcessSnapshot, SnapshotMapping, SnapshotReader};
 pub use sampler::{MapSizes, Sampler, SamplerOptions};
 pub use watcher::{ProcessNotice, ProcessWatcher, WatcherStats};
 
