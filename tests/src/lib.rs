@@ -3,6 +3,7 @@
 
 pub mod attacker;
 pub mod container;
+pub mod cpu;
 pub mod daemon;
 pub mod elf;
 pub mod elf_mutants;
@@ -77,6 +78,33 @@ impl Workload {
     pub fn wait(mut self) {
         let status = self.child.wait().expect("waiting for workload");
         assert!(status.success(), "workload {} failed: {status}", self.name);
+    }
+
+    /// Waits for the workload to succeed and returns the CPU time it ran in
+    /// its whole life (user + system, from wait4).
+    pub fn wait_cpu(self) -> Duration {
+        let pid = self.child.id() as libc_pid;
+        let name = self.name.clone();
+        // wait4 reaps it behind std's back: drop must not kill or wait on a
+        // pid that may be reused from now on.
+        std::mem::forget(self);
+        let (status, (_, cpu_seconds)) = wait_with_rusage(pid);
+        assert!(status == 0, "workload {name} failed (wait status {status})");
+        Duration::from_secs_f64(cpu_seconds)
+    }
+
+    /// CPU time it has run so far (see [`cpu::cpu_time`]).
+    pub fn cpu_time(&self) -> Duration {
+        cpu::cpu_time(self.pid())
+    }
+
+    /// SIGSTOP, returning once it is stopped: its CPU time stands still.
+    pub fn pause(&self) {
+        cpu::pause(self.pid());
+    }
+
+    pub fn resume(&self) {
+        cpu::resume(self.pid());
     }
 }
 
@@ -154,9 +182,16 @@ impl Recording {
 pub struct RecordRun {
     child: Child,
     output: PathBuf,
+    /// Reads its stderr as it comes (so we know when it samples) and
+    /// returns all of it.
+    stderr: Option<std::thread::JoinHandle<String>>,
 }
 
+/// What the recorder logs once its sampler is attached to every CPU.
+const ATTACHED: &str = "sampler attached";
+
 impl RecordRun {
+    /// Returns once the sampler is attached: whatever runs from then on is sampled.
     pub fn start(args: &[&str]) -> Self {
         let output = std::env::temp_dir().join(format!(
             "profilerd-test-{}-{}.out",
@@ -165,41 +200,66 @@ impl RecordRun {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_nanos())
         ));
-        let child = Command::new(profilerd_bin())
+        let mut child = Command::new(profilerd_bin())
             .arg("record")
             .args(args)
             .arg("--output")
             .arg(&output)
+            // Its log line that says the sampler is attached (record logs warnings only by default).
+            .env("RUST_LOG", "warn,profilerd::collect::sampler=info")
             .stderr(Stdio::piped())
             .spawn()
             .expect("starting profilerd record");
-        // Let the sampler attach before the workload's interesting part starts.
-        std::thread::sleep(Duration::from_millis(300));
-        Self { child, output }
+        let pipe = child.stderr.take().expect("record's stderr is piped");
+        let (attached_tx, attached_rx) = std::sync::mpsc::channel();
+        let stderr = std::thread::spawn(move || {
+            use std::io::BufRead;
+            let mut text = String::new();
+            for line in std::io::BufReader::new(pipe).lines().map_while(Result::ok) {
+                if line.contains(ATTACHED) {
+                    let _ = attached_tx.send(());
+                }
+                text.push_str(&line);
+                text.push('\n');
+            }
+            text
+        });
+        let run = Self {
+            child,
+            output,
+            stderr: Some(stderr),
+        };
+        // Loading BPF takes longer on a busy machine; a minute is a stall.
+        if attached_rx.recv_timeout(Duration::from_secs(60)).is_err() {
+            let pid = run.pid();
+            // Still loading or already dead (a zombie takes the signal too).
+            cpu::signal(pid, libc::SIGKILL);
+            let stderr = run.finish_unchecked().1;
+            panic!("profilerd record (pid {pid}) never logged {ATTACHED:?}; stderr:\n{stderr}");
+        }
+        run
     }
 
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
 
+    /// Ends the recording now (SIGINT, as Ctrl-C): it drains and writes
+    /// what it has. The window of a test is then the test's to choose.
+    pub fn interrupt(&self) {
+        cpu::signal(self.pid(), libc::SIGINT);
+    }
+
     pub fn finish(self) -> Recording {
-        let pid = self.child.id() as libc_pid;
-        let mut child = self.child;
-        let mut stderr = String::new();
-        if let Some(mut pipe) = child.stderr.take() {
-            use std::io::Read;
-            let _ = pipe.read_to_string(&mut stderr);
-        }
-        let (status, usage) = wait_with_rusage(pid);
-        // The Child was reaped by wait4 above; forget it so drop does not wait again.
-        std::mem::forget(child);
+        let output_path = self.output.clone();
+        let ((status, usage), stderr) = self.finish_unchecked();
         assert!(
             status == 0,
             "profilerd record failed (wait status {status}); it needs root and a loadable BPF program. stderr:\n{stderr}"
         );
-        let output = std::fs::read_to_string(&self.output)
-            .unwrap_or_else(|err| panic!("reading {}: {err}\nstderr:\n{stderr}", self.output.display()));
-        let _ = std::fs::remove_file(&self.output);
+        let output = std::fs::read_to_string(&output_path)
+            .unwrap_or_else(|err| panic!("reading {}: {err}\nstderr:\n{stderr}", output_path.display()));
+        let _ = std::fs::remove_file(&output_path);
         let counters = stderr
             .lines()
             .filter(|line| line.contains("bpf counters:"))
@@ -214,6 +274,19 @@ impl RecordRun {
             max_rss_kib: usage.0,
             cpu_seconds: usage.1,
         }
+    }
+
+    /// Waits for it to end: (wait status, (peak RSS KiB, CPU s)) and its stderr.
+    fn finish_unchecked(mut self) -> ((i32, (u64, f64)), String) {
+        let waited = wait_with_rusage(self.child.id() as libc_pid);
+        let stderr = self
+            .stderr
+            .take()
+            .and_then(|reader| reader.join().ok())
+            .unwrap_or_default();
+        // The Child was reaped by wait4 above; forget it so drop does not wait again.
+        std::mem::forget(self.child);
+        (waited, stderr)
     }
 }
 
