@@ -227,7 +227,11 @@ fn recv_with_fd(socket: RawFd, buffer: &mut [u8]) -> Result<(usize, Option<Owned
         while !header.is_null() {
             if (*header).cmsg_level == libc::SOL_SOCKET && (*header).cmsg_type == libc::SCM_RIGHTS {
                 let data = libc::CMSG_DATA(header);
-                let count = ((*header).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / size_of::<RawFd>();
+                // The kernel wrote the header; still, never read past the buffer.
+                let count = ((*header).cmsg_len as usize)
+                    .saturating_sub(libc::CMSG_LEN(0) as usize)
+                    .min(CMSG_SPACE)
+                    / size_of::<RawFd>();
                 for index in 0..count {
                     let fd = std::ptr::read_unaligned(data.cast::<RawFd>().add(index));
                     let owned = OwnedFd::from_raw_fd(fd);
