@@ -230,7 +230,7 @@ fn recv_with_fd(socket: RawFd, buffer: &mut [u8]) -> Result<(usize, Option<Owned
                 // The kernel wrote the header; still, never read past the buffer.
                 let count = ((*header).cmsg_len as usize)
                     .saturating_sub(libc::CMSG_LEN(0) as usize)
-                    .min(CMSG_SPACE)
+                    .min(CMSG_SPACE - libc::CMSG_LEN(0) as usize)
                     / size_of::<RawFd>();
                 for index in 0..count {
                     let fd = std::ptr::read_unaligned(data.cast::<RawFd>().add(index));
