@@ -9,7 +9,7 @@ use std::{
 use profilerd_tests::{
     Workload, artifacts_dir,
     cpu::{CpuMeter, Expected},
-    daemon::{Daemon, free_port, go_pprof, metric, parse_raw},
+    daemon::{Daemon, free_port, get_in_background, go_pprof, metric, parse_raw},
     profilerd_bin, serial,
 };
 
@@ -281,18 +281,7 @@ fn sigterm_under_load_exits_0_within_5_seconds() {
     let _b = Workload::spawn(env!("WORKLOAD_ZERO_READER"), &["20"]);
     std::thread::sleep(Duration::from_secs(2));
     let url = daemon.url("/debug/pprof/profile?seconds=30");
-    let waiting: Vec<_> = (0..4)
-        .map(|_| {
-            let url = url.clone();
-            std::thread::spawn(move || {
-                let agent: ureq::Agent = ureq::Agent::config_builder()
-                    .http_status_as_error(false)
-                    .build()
-                    .into();
-                agent.get(&url).call().map(|response| response.status().as_u16())
-            })
-        })
-        .collect();
+    let waiting: Vec<_> = (0..4).map(|_| get_in_background(url.clone())).collect();
     std::thread::sleep(Duration::from_secs(1));
     let started = Instant::now();
     let status = daemon.stop();

@@ -8,7 +8,7 @@ use std::{
 };
 
 use profilerd_tests::{
-    daemon::{Daemon, metric},
+    daemon::{Daemon, get_in_background, metric},
     serial,
 };
 
@@ -143,16 +143,7 @@ fn at_the_limit_the_longest_idle_connection_goes_and_busy_ones_stay() {
 
     // Four requests in flight: each takes a free slot or evicts an idle one.
     let profiles: Vec<_> = (0..4)
-        .map(|_| {
-            let url = daemon.url("/debug/pprof/profile?seconds=4");
-            std::thread::spawn(move || {
-                let agent: ureq::Agent = ureq::Agent::config_builder()
-                    .http_status_as_error(false)
-                    .build()
-                    .into();
-                agent.get(&url).call().map(|response| response.status().as_u16())
-            })
-        })
+        .map(|_| get_in_background(daemon.url("/debug/pprof/profile?seconds=4")))
         .collect();
     for stream in &mut idle[1..] {
         closed_within(stream, Duration::from_secs(5)).expect("idle connections make room for requests");

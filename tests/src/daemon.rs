@@ -38,6 +38,19 @@ impl Response {
     }
 }
 
+/// GETs `url` on a thread of its own, with a fresh connection (no global
+/// timeout: for requests that block, like `/debug/pprof/profile`); the
+/// status, or the transport error.
+pub fn get_in_background(url: String) -> std::thread::JoinHandle<Result<u16, ureq::Error>> {
+    std::thread::spawn(move || {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .build()
+            .into();
+        agent.get(&url).call().map(|response| response.status().as_u16())
+    })
+}
+
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|listener| listener.local_addr())
