@@ -48,10 +48,38 @@ pub fn parse_maps_line(line: &str) -> Option<MapsLine<'_>> {
 
 /// Devices of the FUSE mounts in the process's mount namespace (as the
 /// kernel renders /proc/PID/mountinfo: `ID PARENT MAJOR:MINOR ... - FSTYPE ...`).
-pub fn fuse_devices_of(pid: u32) -> HashSet<u64> {
-    std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))
-        .map(|mountinfo| fuse_devices(&mountinfo))
-        .unwrap_or_default()
+/// A process's mount table can be made huge by its owner (mounts in a user
+/// namespace): past this, it is not parsed, and every anonymous device is
+/// treated as possibly FUSE.
+const MAX_MOUNTINFO_BYTES: u64 = 4 << 20;
+
+/// Which devices of a process's mount namespace a user process may serve.
+pub enum UserFilesystems {
+    Known(HashSet<u64>),
+    /// The mount table could not be read whole: assume the worst.
+    Unknown,
+}
+
+impl UserFilesystems {
+    pub fn of(pid: u32) -> Self {
+        use std::io::Read as _;
+        let mut text = String::new();
+        let read = std::fs::File::open(format!("/proc/{pid}/mountinfo"))
+            .and_then(|file| file.take(MAX_MOUNTINFO_BYTES + 1).read_to_string(&mut text));
+        match read {
+            Ok(len) if (len as u64) <= MAX_MOUNTINFO_BYTES => Self::Known(fuse_devices(&text)),
+            _ => Self::Unknown,
+        }
+    }
+
+    /// FUSE mounts have anonymous devices (major 0); fuseblk needs a block
+    /// device, which only root can mount.
+    pub fn contains(&self, dev: u64) -> bool {
+        match self {
+            Self::Known(devices) => devices.contains(&dev),
+            Self::Unknown => libc::major(dev) == 0,
+        }
+    }
 }
 
 pub fn fuse_devices(mountinfo: &str) -> HashSet<u64> {
@@ -112,6 +140,18 @@ mod tests {
             devices,
             HashSet::from([libc::makedev(0, 44), libc::makedev(8, 17)])
         );
+    }
+
+    #[test]
+    fn an_unreadable_mount_table_distrusts_every_anonymous_device() {
+        let unknown = UserFilesystems::Unknown;
+        assert!(unknown.contains(libc::makedev(0, 44)));
+        assert!(!unknown.contains(libc::makedev(254, 1)));
+        assert!(
+            matches!(UserFilesystems::of(std::process::id()), UserFilesystems::Known(_)),
+            "our own mount table is small and readable"
+        );
+        assert!(matches!(UserFilesystems::of(u32::MAX), UserFilesystems::Unknown));
     }
 
     #[test]

@@ -2,14 +2,11 @@
 //! kept usable after it exits: files that cannot be reopened later by path
 //! (deleted, replaced, or in another mount namespace) are held open.
 
-use std::{
-    collections::{HashMap, HashSet},
-    sync::Arc,
-};
+use std::{collections::HashMap, sync::Arc};
 
 use super::{
     mapped_file::{MappedFile, OpenFiles, Refusal},
-    proc_maps::{fuse_devices_of, parse_maps_line},
+    proc_maps::{UserFilesystems, parse_maps_line},
 };
 
 /// Files one process may have held open for it: far more than the shared
@@ -56,7 +53,7 @@ impl SnapshotReader {
             .unwrap_or_default();
         let mut mappings = Vec::new();
         let mut files: HashMap<(u64, u64), Arc<MappedFile>> = HashMap::new();
-        let mut fuse_devices: Option<HashSet<u64>> = None;
+        let mut user_filesystems: Option<UserFilesystems> = None;
         for line in maps.lines() {
             let Some(parsed) = parse_maps_line(line) else {
                 continue;
@@ -71,9 +68,10 @@ impl SnapshotReader {
             } else if files.len() >= MAX_FILES_PER_PROCESS {
                 self.files.refuse(Refusal::PerProcessLimit);
                 None
-            } else if fuse_devices
-                .get_or_insert_with(|| fuse_devices_of(pid))
-                .contains(&parsed.dev)
+            } else if libc::major(parsed.dev) == 0
+                && user_filesystems
+                    .get_or_insert_with(|| UserFilesystems::of(pid))
+                    .contains(parsed.dev)
             {
                 // Opening a file on FUSE asks the process that serves the
                 // mount, which any user can run (in a user namespace) and
