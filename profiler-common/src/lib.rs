@@ -147,10 +147,26 @@ pub enum Counter {
     ThreadMapFull,
     /// The task's CPU time could not be read (unknown offset or read error).
     TaskReadError,
+    // Why each user-stack walk of the sampler's own unwinder ended (see UnwindEnd).
+    UnwindComplete,
+    UnwindNoMapping,
+    UnwindNoFramePointer,
+    UnwindUnsupportedRule,
+    UnwindReadFault,
+    UnwindDepthLimit,
+    UnwindTableNotLoaded,
+    /// Frames the walk took through a frame pointer (no table for that code).
+    UnwindFramePointerFrames,
+    /// Frames the walk took through a table row.
+    UnwindTableFrames,
+    /// Another unwound stack held the stack's key: the sample was spilled.
+    UnwoundStackCollision,
+    /// The unwound-stacks map had no free entry: the sample has no user stack.
+    UnwoundStackMapFull,
 }
 
 impl Counter {
-    pub const COUNT: u32 = 17;
+    pub const COUNT: u32 = 28;
 
     pub const ALL: [Counter; Self::COUNT as usize] = [
         Counter::Samples,
@@ -170,6 +186,17 @@ impl Counter {
         Counter::SpillLost,
         Counter::ThreadMapFull,
         Counter::TaskReadError,
+        Counter::UnwindComplete,
+        Counter::UnwindNoMapping,
+        Counter::UnwindNoFramePointer,
+        Counter::UnwindUnsupportedRule,
+        Counter::UnwindReadFault,
+        Counter::UnwindDepthLimit,
+        Counter::UnwindTableNotLoaded,
+        Counter::UnwindFramePointerFrames,
+        Counter::UnwindTableFrames,
+        Counter::UnwoundStackCollision,
+        Counter::UnwoundStackMapFull,
     ];
 
     /// Stable snake_case name used in logs and metrics.
@@ -192,6 +219,17 @@ impl Counter {
             Counter::SpillLost => "spill_lost",
             Counter::ThreadMapFull => "thread_map_full",
             Counter::TaskReadError => "task_read_error",
+            Counter::UnwindComplete => "unwind_complete",
+            Counter::UnwindNoMapping => "unwind_no_mapping",
+            Counter::UnwindNoFramePointer => "unwind_no_frame_pointer",
+            Counter::UnwindUnsupportedRule => "unwind_unsupported_rule",
+            Counter::UnwindReadFault => "unwind_read_fault",
+            Counter::UnwindDepthLimit => "unwind_depth_limit",
+            Counter::UnwindTableNotLoaded => "unwind_table_not_loaded",
+            Counter::UnwindFramePointerFrames => "unwind_frame_pointer_frames",
+            Counter::UnwindTableFrames => "unwind_table_frames",
+            Counter::UnwoundStackCollision => "unwound_stack_collision",
+            Counter::UnwoundStackMapFull => "unwound_stack_map_full",
         }
     }
 
@@ -208,8 +246,172 @@ impl Counter {
                 | Counter::UserStackCollision
                 | Counter::KernelStackCollision
                 | Counter::Spilled
+                | Counter::UnwindComplete
+                | Counter::UnwindNoMapping
+                | Counter::UnwindNoFramePointer
+                | Counter::UnwindUnsupportedRule
+                | Counter::UnwindReadFault
+                | Counter::UnwindDepthLimit
+                | Counter::UnwindTableNotLoaded
+                | Counter::UnwindFramePointerFrames
+                | Counter::UnwindTableFrames
+                | Counter::UnwoundStackCollision
         )
     }
+}
+
+/// User stacks: how the sampler walks them (a load-time global, see
+/// [`globals::UNWIND_MODE`]).
+pub mod unwind_mode {
+    /// bpf_get_stackid with BPF_F_USER_STACK: frame pointers only.
+    pub const FRAME_POINTERS: u64 = 0;
+    /// The sampler's own walk: CFI tables where loaded, frame pointers elsewhere.
+    pub const TABLES: u64 = 1;
+}
+
+/// How a row finds the canonical frame address (CFA), in the low 4 bits of
+/// [`UnwindRow::rules`].
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CfaRule {
+    /// No FDE covers this pc (a gap between functions): use the frame pointer.
+    NoInfo = 0,
+    /// CFA = rsp + 8 * cfa_offset.
+    Rsp = 1,
+    /// CFA = rbp + 8 * cfa_offset.
+    Rbp = 2,
+    /// A PLT stub (GCC's expression): CFA = rsp + 8 + ((rip & 15) >= 11 ? 8 : 0).
+    Plt = 3,
+    /// CFA = *(rsp + 8 * (cfa_offset & 0xff)) + 8 * (cfa_offset >> 8) (stack realignment).
+    DerefRsp = 4,
+    /// A signal trampoline (`__restore_rt`, CIE augmentation "S"): rsp points
+    /// at the kernel's ucontext, whose saved registers give the interrupted frame.
+    Signal = 5,
+    /// The return address is undefined here: the outermost frame (`_start`,
+    /// a thread's start). The walk is complete.
+    End = 6,
+    /// A rule the walker cannot evaluate (another register, another expression).
+    Unsupported = 7,
+}
+
+/// Where the caller's rbp is, in the high 4 bits of [`UnwindRow::rules`].
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RbpRule {
+    /// Not saved by this frame: the caller's rbp is the current one.
+    Unchanged = 0,
+    /// Saved at CFA + 8 * rbp_offset.
+    Offset = 1,
+    /// Saved in a way the walker cannot follow; rbp is unknown from here on.
+    Unsupported = 2,
+}
+
+/// One row of a compiled unwind table: from `pc` up to the next row's `pc`,
+/// this is how to find the caller. Tables are sorted by `pc`, an ELF virtual
+/// address of the file (what `.eh_frame` speaks); a table ends with a
+/// [`CfaRule::NoInfo`] row at the end of its last FDE. The return address is
+/// always at CFA - 8 (x86-64).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UnwindRow {
+    pub pc: u32,
+    /// In units of 8 bytes; see [`CfaRule`] (DerefRsp packs two offsets).
+    pub cfa_offset: u16,
+    /// In units of 8 bytes, relative to the CFA; see [`RbpRule::Offset`].
+    pub rbp_offset: i8,
+    /// `CfaRule as u8 | (RbpRule as u8) << 4`.
+    pub rules: u8,
+}
+
+impl UnwindRow {
+    pub const fn cfa_rule(&self) -> u8 {
+        self.rules & 0x0f
+    }
+    pub const fn rbp_rule(&self) -> u8 {
+        self.rules >> 4
+    }
+}
+
+/// Rows per element of the rows map: tables are loaded a chunk (4 KiB) per
+/// map update, and every table starts at a chunk boundary.
+pub const UNWIND_ROWS_PER_CHUNK: usize = 512;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct UnwindRowChunk {
+    pub rows: [UnwindRow; UNWIND_ROWS_PER_CHUNK],
+}
+
+/// Where one file's table lies in the rows map (indexed by table id).
+/// `rows == 0`: not loaded (never, or evicted).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UnwindTableRange {
+    /// Index of the first row (a multiple of [`UNWIND_ROWS_PER_CHUNK`]).
+    pub first_row: u32,
+    pub rows: u32,
+}
+
+/// Executable mappings kept per process for the walk.
+pub const MAX_UNWIND_MAPPINGS: usize = 256;
+
+/// One executable mapping of a process.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UnwindMapping {
+    pub start: u64,
+    pub end: u64,
+    /// Runtime address minus the file's virtual address: a pc's row is
+    /// looked up at `pc - bias`.
+    pub bias: u64,
+    /// Index in the table-range map; 0: the file has no table (use frame pointers).
+    pub table: u32,
+    pub reserved: u32,
+}
+
+/// A process's executable mappings, sorted by `start`, for the walk.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct UnwindProcess {
+    pub count: u32,
+    pub reserved: u32,
+    pub mappings: [UnwindMapping; MAX_UNWIND_MAPPINGS],
+}
+
+/// Why a user-stack walk ended; each is counted (see [`Counter`]) and stored
+/// with the stack.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UnwindEnd {
+    /// Reached the outermost frame (undefined return address, rip 0, or a
+    /// frame-pointer chain ending in 0).
+    Complete = 0,
+    /// A pc outside every known mapping of the process, and no frame pointer to follow.
+    NoMapping = 1,
+    /// A frame without a table whose frame pointer led nowhere.
+    NoFramePointer = 2,
+    /// A CFA or rbp rule the walker cannot evaluate.
+    UnsupportedRule = 3,
+    /// Reading the stack faulted (paged out, or garbage registers).
+    ReadFault = 4,
+    /// MAX_STACK_DEPTH frames and more to go.
+    DepthLimit = 5,
+    /// The process's table was not loaded yet (or evicted) and frame pointers
+    /// could not continue.
+    TableNotLoaded = 6,
+}
+
+/// A user stack the sampler unwound itself, deduplicated by `hash` in the
+/// unwound-stacks maps (keyed by the hash's low bits; a different stack with
+/// the same key goes through the spill ring).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct UnwoundStack {
+    pub hash: u64,
+    pub len: u32,
+    /// An [`UnwindEnd`] as u32.
+    pub end: u32,
+    pub frames: [u64; MAX_STACK_DEPTH],
 }
 
 /// Map names, shared so the daemon can find (and resize) what the program declares.
@@ -223,6 +425,11 @@ pub mod maps {
     pub const PROCESS_EVENTS: &str = "PROCESS_EVENTS";
     pub const SPILLED_SAMPLES: &str = "SPILLED_SAMPLES";
     pub const THREAD_TIMES: &str = "THREAD_TIMES";
+    pub const UNWOUND_STACKS: [&str; 2] = ["UNWOUND_STACKS_0", "UNWOUND_STACKS_1"];
+    pub const UNWIND_ROWS: &str = "UNWIND_ROWS";
+    pub const UNWIND_TABLES: &str = "UNWIND_TABLES";
+    pub const UNWIND_PROCESSES: &str = "UNWIND_PROCESSES";
+    pub const UNWIND_SCRATCH: &str = "UNWIND_SCRATCH";
 
     /// Default capacities; the daemon may override them at load time.
     pub const DEFAULT_COUNTS_ENTRIES: u32 = 16384;
@@ -233,6 +440,12 @@ pub mod maps {
     pub const PROCESS_EVENTS_BYTES: u32 = 256 * 1024;
     /// About 250 spilled samples per drain.
     pub const SPILLED_SAMPLES_BYTES: u32 = 512 * 1024;
+    pub const DEFAULT_UNWOUND_STACKS_ENTRIES: u32 = 16384;
+    /// 64 MiB of rows; the daemon sets it from `unwind_table_memory_mb`.
+    pub const DEFAULT_UNWIND_ROW_CHUNKS: u32 = 16384;
+    /// Table ids (one per loaded file); id 0 is never used.
+    pub const UNWIND_TABLE_IDS: u32 = 16384;
+    pub const DEFAULT_UNWIND_PROCESSES_ENTRIES: u32 = 8192;
 }
 
 /// Load-time settings of the BPF program (globals the daemon overrides).
@@ -245,6 +458,8 @@ pub mod globals {
     pub const ATTACH_NS: &str = "ATTACH_NS";
     /// Sampling period in ns: the CPU-time estimate for a thread's first sample.
     pub const PERIOD_NS: &str = "PERIOD_NS";
+    /// One of [`crate::unwind_mode`].
+    pub const UNWIND_MODE: &str = "UNWIND_MODE";
 }
 
 /// Program names as the daemon looks them up.
@@ -263,6 +478,12 @@ const _: () =
 const _: () = assert!(core::mem::size_of::<SampleValue>() == 16);
 const _: () = assert!(core::mem::align_of::<SpilledSample>() == 8);
 const _: () = assert!(Counter::ALL.len() == Counter::COUNT as usize);
+const _: () = assert!(core::mem::size_of::<UnwindRow>() == 8);
+const _: () = assert!(core::mem::size_of::<UnwindRowChunk>() == 4096);
+const _: () = assert!(core::mem::size_of::<UnwindTableRange>() == 8);
+const _: () = assert!(core::mem::size_of::<UnwindMapping>() == 32);
+const _: () = assert!(core::mem::size_of::<UnwindProcess>() == 8 + 32 * MAX_UNWIND_MAPPINGS);
+const _: () = assert!(core::mem::size_of::<UnwoundStack>() == 16 + 8 * MAX_STACK_DEPTH);
 
 #[cfg(feature = "user")]
 mod pod {
@@ -274,4 +495,12 @@ mod pod {
     unsafe impl aya::Pod for super::SpilledSample {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::SampleValue {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::UnwindRowChunk {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::UnwindTableRange {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::UnwindProcess {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::UnwoundStack {}
 }
