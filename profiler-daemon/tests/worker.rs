@@ -138,6 +138,7 @@ fn failing_worker(script: &str, deadline: Duration) -> WorkerConfig {
         args: vec!["-c".into(), script.into()],
         memory_bytes: 256 << 20,
         deadline,
+        table_deadline: deadline,
     }
 }
 

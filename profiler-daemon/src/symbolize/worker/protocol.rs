@@ -11,13 +11,18 @@ use std::{
     os::fd::{FromRawFd, OwnedFd, RawFd},
 };
 
+mod unwind;
+pub use unwind::{
+    InvalidTable, LoadSegment, MAX_BUILD_ID_BYTES, MAX_LOAD_SEGMENTS, MAX_TABLE_ROWS, UnwindTable,
+};
+
 /// A request is small; a response carries names and paths for every offset.
 pub const MAX_REQUEST_BYTES: usize = 4 << 20;
 pub const MAX_RESPONSE_BYTES: usize = 64 << 20;
 /// Bounds what one hostile symbol can make the daemon keep.
 pub const MAX_NAME_BYTES: usize = 4096;
 
-/// Symbolize these file offsets of the attached file.
+/// Symbolize these file offsets of the attached file, or compile its unwind table.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Request {
     /// The file's identity as the daemon opened it: the worker keys its
@@ -26,6 +31,9 @@ pub struct Request {
     pub file: Option<FileIdentity>,
     #[prost(uint64, repeated, tag = "2")]
     pub offsets: Vec<u64>,
+    /// Compile the file's unwind table instead (`offsets` is then empty).
+    #[prost(bool, tag = "3")]
+    pub unwind_table: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash, prost::Message)]
@@ -59,6 +67,9 @@ pub struct Response {
     /// A system debug file (by build id) supplied the symbols.
     #[prost(bool, tag = "5")]
     pub debug_file_used: bool,
+    /// The answer to an unwind-table request (absent when `error` says why not).
+    #[prost(message, optional, tag = "6")]
+    pub unwind_table: Option<UnwindTable>,
 }
 
 /// The functions at one address, innermost (inlined) first; empty: unknown.
@@ -302,6 +313,7 @@ mod tests {
                 mtime_ns: -4,
             }),
             offsets: vec![1, 2, 3],
+            unwind_table: false,
         };
         send_frame(raw(&a), &request, Some(file.as_raw_fd())).expect("send");
         let (body, fd) = recv_frame(raw(&b), MAX_REQUEST_BYTES, || Ok(())).expect("receive");
@@ -315,6 +327,7 @@ mod tests {
         let request = Request {
             file: None,
             offsets: (0..1000).collect(),
+            unwind_table: false,
         };
         send_frame(raw(&a), &request, None).expect("send");
         let result = recv_frame(raw(&b), 16, || Ok(()));

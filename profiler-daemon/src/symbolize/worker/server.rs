@@ -28,6 +28,7 @@ use super::protocol::{
     self, FileIdentity, MAX_NAME_BYTES, MAX_REQUEST_BYTES, ProtocolError, Request, Response, SymbolLine,
     Symbols,
 };
+use super::unwind_elf;
 use crate::symbolize::demangle::demangle;
 
 /// Where distributions install separate debug files, `.build-id/xx/rest.debug`.
@@ -96,6 +97,17 @@ impl Worker {
     }
 
     fn handle(&mut self, request: &Request, fd: OwnedFd) -> Response {
+        if request.unwind_table {
+            // Compiled once per file by the daemon's cache: not kept here.
+            return match unwind_elf::unwind_table(&fd) {
+                Ok((table, build_id)) => Response {
+                    build_id,
+                    unwind_table: Some(table),
+                    ..Response::default()
+                },
+                Err(err) => error_response(&err),
+            };
+        }
         let Some(identity) = request.file else {
             return error_response("the request named no file");
         };
@@ -128,6 +140,7 @@ impl Worker {
             symbols: Vec::with_capacity(request.offsets.len()),
             debug_link_refused: info.debug_link,
             debug_file_used: info.debug_file.is_some(),
+            unwind_table: None,
         };
         let mut resolved = if wanted.is_empty() {
             Vec::new().into_iter()
@@ -258,7 +271,7 @@ fn describe(fd: &OwnedFd) -> Result<FileInfo, String> {
 
 /// `/usr/lib/debug/.build-id/xx/rest.debug` when it is a regular file owned
 /// by root: a path no user controls, matched by build id only.
-fn system_debug_file(build_id: &[u8]) -> Option<PathBuf> {
+pub(super) fn system_debug_file(build_id: &[u8]) -> Option<PathBuf> {
     let (first, rest) = build_id.split_first()?;
     if rest.len() < 4 {
         return None;
