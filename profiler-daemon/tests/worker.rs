@@ -2,15 +2,20 @@
 //! in worker mode, sandboxed, fed real descriptors; and its supervision when
 //! a worker process crashes or hangs.
 
+mod readelf_frames;
+
 use std::{
     fs::File,
     os::fd::OwnedFd,
     os::unix::fs::MetadataExt,
-    path::PathBuf,
+    path::{Path, PathBuf},
     time::{Duration, Instant},
 };
 
-use profilerd::symbolize::worker::{FileIdentity, WorkerClient, WorkerConfig, WorkerError};
+use profiler_common::CfaRule;
+use profilerd::symbolize::worker::{
+    FileIdentity, FileUnwindTable, UnwindTableError, WorkerClient, WorkerConfig, WorkerError,
+};
 
 #[inline(never)]
 fn marker_function_for_the_worker_test(x: u64) -> u64 {
@@ -34,7 +39,12 @@ fn own_binary_and_offset(address: u64) -> (OwnedFd, FileIdentity, u64) {
         .find(|line| (line.start..line.end).contains(&address) && line.path == exe.to_string_lossy())
         .map(|line| address - line.start + line.offset)
         .expect("the marker function is mapped from our binary");
-    let file = File::open(&exe).expect("opening our own binary");
+    let (fd, identity) = open_with_identity(&exe);
+    (fd, identity, offset)
+}
+
+fn open_with_identity(path: &Path) -> (OwnedFd, FileIdentity) {
+    let file = File::open(path).unwrap_or_else(|err| panic!("opening {}: {err}", path.display()));
     let meta = file.metadata().expect("fstat");
     let identity = FileIdentity {
         dev: meta.dev(),
@@ -42,7 +52,7 @@ fn own_binary_and_offset(address: u64) -> (OwnedFd, FileIdentity, u64) {
         size: meta.size(),
         mtime_ns: meta.mtime() * 1_000_000_000 + meta.mtime_nsec(),
     };
-    (file.into(), identity, offset)
+    (file.into(), identity)
 }
 
 #[test]
@@ -186,4 +196,195 @@ fn a_worker_that_hangs_is_killed_at_its_deadline() {
     );
     assert_eq!(client.worker_pid(), None, "the hung worker must be gone");
     assert_eq!(client.stats.restarts_deadline, 1);
+}
+
+#[test]
+fn a_file_that_crashes_the_worker_during_a_table_request_is_quarantined() {
+    let (fd, identity) = open_with_identity(Path::new(LIBC));
+    let mut client = WorkerClient::new(failing_worker(
+        "head -c 1 >/dev/null; kill -SEGV $$",
+        Duration::from_secs(10),
+    ));
+    for attempt in 1..=2 {
+        let result = client.unwind_table(&fd, identity);
+        assert!(
+            matches!(result, Err(UnwindTableError::Worker(WorkerError::Crashed))),
+            "attempt {attempt}: expected the worker to be seen crashing, got {result:?}"
+        );
+    }
+    let result = client.unwind_table(&fd, identity);
+    assert!(
+        matches!(result, Err(UnwindTableError::Worker(WorkerError::Quarantined))),
+        "after two crashes the file should be quarantined, got {result:?}"
+    );
+    assert_eq!(client.stats.restarts_crashed, 2);
+}
+
+const LIBC: &str = "/lib/x86_64-linux-gnu/libc.so.6";
+const LIBSTDCXX: &str = "/usr/lib/x86_64-linux-gnu/libstdc++.so.6";
+
+fn python3() -> PathBuf {
+    std::fs::canonicalize("/usr/bin/python3").expect("python3 is installed")
+}
+
+/// Asks the real sandboxed worker for the table of `path`.
+fn table_of(client: &mut WorkerClient, path: &Path) -> FileUnwindTable {
+    let (fd, identity) = open_with_identity(path);
+    let table = client
+        .unwind_table(&fd, identity)
+        .unwrap_or_else(|err| panic!("no table for {}: {err}", path.display()));
+    eprintln!(
+        "{}: {} rows ({} before merging), {} FDEs ({} skipped), {} unsupported, from {}, in {:?}",
+        path.display(),
+        table.rows.len(),
+        table.rows_before_merge,
+        table.fdes,
+        table.fdes_skipped,
+        table.unsupported_rows,
+        table.source,
+        table.compile_time
+    );
+    table
+}
+
+fn table_worker() -> WorkerClient {
+    WorkerClient::new(real_worker())
+}
+
+#[test]
+fn system_libraries_tables_agree_with_readelf() {
+    let mut client = table_worker();
+    for (path, rows_before_merge) in [
+        (PathBuf::from(LIBC), 15_000..40_000),
+        (PathBuf::from(LIBSTDCXX), 20_000..60_000),
+        (python3(), 30_000..150_000),
+    ] {
+        let table = table_of(&mut client, &path);
+        assert!(
+            rows_before_merge.contains(&table.rows_before_merge),
+            "{}: {} rows before merging, expected {rows_before_merge:?} (readelf's row count and the gaps)",
+            path.display(),
+            table.rows_before_merge
+        );
+        assert!(
+            table.rows.len() < table.rows_before_merge as usize,
+            "merging equal neighbours should shrink the table"
+        );
+        assert_eq!(table.source, ".eh_frame", "{}", path.display());
+        assert!(!table.build_id.is_empty(), "{} has a build id", path.display());
+        assert!(
+            table.segments.iter().any(|segment| segment.file_size > 0),
+            "{} has load segments",
+            path.display()
+        );
+        let seen = readelf_frames::compare(&path, &table.rows, 4096);
+        if path == Path::new(LIBC) {
+            assert!(
+                seen[CfaRule::Signal as usize] > 0,
+                "libc's __restore_rt should be a Signal row"
+            );
+        }
+        assert!(
+            seen[CfaRule::Plt as usize] > 0,
+            "{}: PLT rows should be Plt",
+            path.display()
+        );
+    }
+}
+
+#[test]
+fn an_executable_entry_point_ends_the_stack() {
+    let path = python3();
+    let table = table_of(&mut table_worker(), &path);
+    let entry = readelf_frames::entry_point(&path);
+    let row = readelf_frames::row_at(&table.rows, entry);
+    assert_eq!(
+        row.cfa_rule(),
+        CfaRule::End as u8,
+        "_start ({entry:#x}) has an undefined return address: {row:?}"
+    );
+}
+
+#[test]
+fn a_binary_without_unwind_tables_is_read_from_debug_frame() {
+    let dir = std::env::temp_dir().join(format!("profilerd-debug-frame-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a temporary directory");
+    let source = dir.join("work.c");
+    std::fs::write(
+        &source,
+        "#include <stdlib.h>\n\
+         __attribute__((noinline)) static long work(long *v, int n) {\n\
+           long s = 0; for (int i = 0; i < n; i++) s += v[i] * rand(); return s; }\n\
+         int main(int c, char **a) { long v[64] = {c}; return (int)work(v, 64 + (int)(long)a[0][0]); }\n",
+    )
+    .expect("writing the C source");
+    let binary = dir.join("work");
+    let status = std::process::Command::new("cc")
+        .args([
+            "-O1",
+            "-g",
+            "-fno-asynchronous-unwind-tables",
+            "-fno-omit-frame-pointer",
+        ])
+        .arg("-Wl,--compress-debug-sections=zlib")
+        .arg("-o")
+        .arg(&binary)
+        .arg(&source)
+        .status()
+        .expect("running cc");
+    assert!(status.success(), "cc failed");
+    let table = table_of(&mut table_worker(), &binary);
+    assert_eq!(
+        table.source, ".eh_frame+.debug_frame",
+        "the C runtime's FDEs are in .eh_frame, the program's only in its compressed .debug_frame"
+    );
+    let fdes = readelf_frames::frames(&binary);
+    assert!(
+        fdes.iter().any(|fde| fde.section == ".debug_frame"),
+        "readelf should see a .debug_frame: {fdes:?}"
+    );
+    let seen = readelf_frames::compare(&binary, &table.rows, 256);
+    assert!(seen[CfaRule::Rbp as usize] > 0, "the program's frames use rbp");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn files_without_a_table_say_why() {
+    let mut client = table_worker();
+    let (fd, identity) = open_with_identity(Path::new("/etc/os-release"));
+    let result = client.unwind_table(&fd, identity);
+    assert!(
+        matches!(&result, Err(UnwindTableError::NoTable(why)) if why.contains("ELF")),
+        "a text file has no table: {result:?}"
+    );
+    assert_eq!(
+        client.stats.restarts_crashed, 0,
+        "no file should bring the worker down"
+    );
+}
+
+#[test]
+fn chromium_table_is_compiled_within_the_worker_bounds() {
+    let path = Path::new("/usr/lib/chromium/chromium");
+    let mut client = table_worker();
+    let table = table_of(&mut client, path);
+    let pid = client.worker_pid().expect("a worker runs");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("the worker's status");
+    let peak = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .map(str::trim)
+        .expect("VmHWM in the worker's status");
+    eprintln!("{}: worker peak RSS {peak}", path.display());
+    assert!(
+        table.fdes > 1000,
+        "chromium has thousands of FDEs, got {}",
+        table.fdes
+    );
+    assert_eq!(table.fdes_skipped, 0, "every FDE of chromium should be usable");
+    let seen = readelf_frames::compare(path, &table.rows, 8192);
+    assert!(
+        seen[CfaRule::DerefRsp as usize] + seen[CfaRule::Plt as usize] > 0,
+        "chromium's realigned frames should be DerefRsp: {seen:?}"
+    );
 }
