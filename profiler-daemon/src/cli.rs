@@ -6,7 +6,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use profiler_common::maps;
 
 use crate::{
-    collect::{DEFAULT_MAX_OPEN_FILES, MapSizes, SamplerOptions},
+    collect::{DEFAULT_MAX_OPEN_FILES, MapSizes, SamplerOptions, UnwindMode},
     pipeline::{PipelineOptions, SymbolizerOptions},
     serve::connections::ConnectionLimits,
     store::StoreConfig,
@@ -68,6 +68,16 @@ pub struct SamplingArgs {
     /// milliseconds; past it the worker is killed and restarted.
     #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(100..=600_000))]
     pub symbolizer_deadline_ms: u64,
+    /// How user stacks are walked: `auto` unwinds with each file's CFI
+    /// (`.eh_frame`) where the daemon has loaded it, and frame pointers
+    /// elsewhere; `frame-pointers` uses frame pointers only.
+    #[arg(long, value_enum, default_value_t = UnwindMode::Auto)]
+    pub unwind: UnwindMode,
+    /// Kernel memory for the unwind tables (`--unwind auto`), in MiB,
+    /// allocated up front; past it the least recently sampled files'
+    /// tables are evicted.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub unwind_table_memory_mb: u64,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -158,6 +168,8 @@ impl SamplingArgs {
                     user_stacks: self.user_stack_map_entries,
                     kernel_stacks: self.kernel_stack_map_entries,
                 },
+                unwind: self.unwind,
+                unwind_table_bytes: self.unwind_table_memory_mb << 20,
             },
             drain_interval: Duration::from_millis(self.drain_interval_ms),
             store,

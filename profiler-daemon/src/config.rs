@@ -33,6 +33,8 @@ pub struct Config {
     pub max_open_files: Option<u64>,
     pub symbolizer_memory_mb: Option<u64>,
     pub symbolizer_deadline_ms: Option<u64>,
+    pub unwind: Option<crate::collect::UnwindMode>,
+    pub unwind_table_memory_mb: Option<u64>,
     pub http_max_connections: Option<u64>,
     pub http_header_timeout_ms: Option<u64>,
     pub http_idle_timeout_seconds: Option<u64>,
@@ -71,7 +73,7 @@ fn line_prefix(line: Option<usize>) -> String {
 
 /// The accepted range of each numeric key: the same as its flag's (a test
 /// checks them against clap's).
-pub const RANGES: [(&str, RangeInclusive<u64>); 13] = [
+pub const RANGES: [(&str, RangeInclusive<u64>); 14] = [
     ("retention_seconds", 1..=86_400),
     ("store_max_mb", 1..=65_536),
     ("frequency", 1..=10_000),
@@ -82,6 +84,7 @@ pub const RANGES: [(&str, RangeInclusive<u64>); 13] = [
     ("max_open_files", 16..=65_536),
     ("symbolizer_memory_mb", 64..=65_536),
     ("symbolizer_deadline_ms", 100..=600_000),
+    ("unwind_table_memory_mb", 1..=4096),
     ("http_max_connections", 1..=65_536),
     ("http_header_timeout_ms", 100..=300_000),
     ("http_idle_timeout_seconds", 1..=3600),
@@ -122,7 +125,7 @@ impl Config {
         Self::parse(&text, &shown)
     }
 
-    fn numbers(&self) -> [(&'static str, Option<u64>); 13] {
+    fn numbers(&self) -> [(&'static str, Option<u64>); 14] {
         [
             ("retention_seconds", self.retention_seconds),
             ("store_max_mb", self.store_max_mb),
@@ -134,6 +137,7 @@ impl Config {
             ("max_open_files", self.max_open_files),
             ("symbolizer_memory_mb", self.symbolizer_memory_mb),
             ("symbolizer_deadline_ms", self.symbolizer_deadline_ms),
+            ("unwind_table_memory_mb", self.unwind_table_memory_mb),
             ("http_max_connections", self.http_max_connections),
             ("http_header_timeout_ms", self.http_header_timeout_ms),
             ("http_idle_timeout_seconds", self.http_idle_timeout_seconds),
@@ -198,6 +202,12 @@ impl Config {
             &mut sampling.symbolizer_deadline_ms,
             self.symbolizer_deadline_ms,
             from_file("symbolizer_deadline_ms"),
+        );
+        set(&mut sampling.unwind, self.unwind, from_file("unwind"));
+        set(
+            &mut sampling.unwind_table_memory_mb,
+            self.unwind_table_memory_mb,
+            from_file("unwind_table_memory_mb"),
         );
         let http = &mut args.http;
         set(
@@ -283,6 +293,7 @@ pub fn describe(args: &DaemonArgs) -> String {
         "listen = \"{}\"\nretention_seconds = {}\nstore_max_mb = {}\nfrequency = {}\ndrain_interval_ms = {}\n\
          counts_map_entries = {}\nuser_stack_map_entries = {}\nkernel_stack_map_entries = {}\n\
          max_open_files = {}\nsymbolizer_memory_mb = {}\nsymbolizer_deadline_ms = {}\n\
+         unwind = \"{}\"\nunwind_table_memory_mb = {}\n\
          http_max_connections = {}\nhttp_header_timeout_ms = {}\nhttp_idle_timeout_seconds = {}\n",
         args.listen,
         args.retention_seconds,
@@ -295,6 +306,8 @@ pub fn describe(args: &DaemonArgs) -> String {
         s.max_open_files,
         s.symbolizer_memory_mb,
         s.symbolizer_deadline_ms,
+        s.unwind.name(),
+        s.unwind_table_memory_mb,
         h.http_max_connections,
         h.http_header_timeout_ms,
         h.http_idle_timeout_seconds

@@ -4,6 +4,7 @@
 //! threads; the store is a tokio task; they talk over channels only.
 
 use std::{
+    collections::HashMap,
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -19,9 +20,13 @@ use crate::{
     collect::{
         BpfCounters, CollectError, Drainer, MapSizes, OpenFileStats, OpenFiles, ProcessNotice,
         ProcessWatcher, RawBatch, Sampler, SamplerOptions, SnapshotReader, WatcherStats,
+        unwind_tables::{TableManager, UnwindInput, UnwindStats},
     },
     store::{self, Store, StoreConfig, StoreHandle},
-    symbolize::{Symbolizer, SymbolizerStats, worker::WorkerConfig},
+    symbolize::{
+        Symbolizer, SymbolizerStats,
+        worker::{WorkerClient, WorkerConfig},
+    },
 };
 
 /// A batch that waited longer than this for the symbolizer is logged: the
@@ -112,6 +117,7 @@ pub struct Pipeline {
     status: watch::Receiver<PipelineStatus>,
     watcher_stats: Arc<WatcherStats>,
     open_files: Arc<OpenFileStats>,
+    unwind: Option<Arc<UnwindStats>>,
     threads: Vec<JoinHandle<()>>,
     cpus: usize,
     frequency: u64,
@@ -122,7 +128,7 @@ impl Pipeline {
     /// Loads and attaches the sampler and starts every stage. Must run inside
     /// a tokio runtime (the store is a task).
     pub fn start(options: PipelineOptions) -> Result<Self, PipelineError> {
-        let (sampler, drainer, events) = Sampler::start(&options.sampler)?;
+        let (sampler, drainer, events, unwind_maps) = Sampler::start(&options.sampler)?;
         let cpus = sampler.cpus();
         let store = store::spawn(Store::new(options.store, options.sampler.frequency));
         let (status_tx, status) = watch::channel(PipelineStatus::default());
@@ -144,13 +150,41 @@ impl Pipeline {
                 .spawn(body)
                 .map_err(PipelineError::Thread)
         };
+        let mut unwind_stats = None;
+        let unwind_tx = match unwind_maps {
+            Some(maps) => {
+                let worker = WorkerConfig::this_binary(
+                    options.symbolizer.worker_memory_bytes,
+                    options.symbolizer.worker_deadline,
+                );
+                let manager = TableManager::new(maps, WorkerClient::new(worker));
+                unwind_stats = Some(manager.stats());
+                // Bounded, and never waited on: a full queue drops (and
+                // counts) the input; those processes walk with frame pointers.
+                let (tx, rx) = mpsc::sync_channel::<UnwindInput>(4096);
+                threads.push(spawn("unwind-tables", Box::new(move || manager.run(rx)))?);
+                Some(tx)
+            }
+            None => None,
+        };
         {
             let tx = symbolize_tx.clone();
             let stop = stop.clone();
+            let unwind_tx = unwind_tx.clone();
+            let unwind_stats = unwind_stats.clone();
             threads.push(spawn(
                 "watch-procs",
                 Box::new(move || {
-                    watcher.run(&stop, |notice| tx.send(SymbolizeInput::Notice(notice)).is_ok())
+                    watcher.run(&stop, |notice| {
+                        if let (Some(unwind_tx), Some(stats)) = (&unwind_tx, &unwind_stats) {
+                            let input = match &notice {
+                                ProcessNotice::Started(snapshot) => UnwindInput::Started(snapshot.clone()),
+                                ProcessNotice::Exited { pid, .. } => UnwindInput::Exited { pid: *pid },
+                            };
+                            offer(unwind_tx, input, stats);
+                        }
+                        tx.send(SymbolizeInput::Notice(notice)).is_ok()
+                    })
                 }),
             )?);
         }
@@ -162,19 +196,29 @@ impl Pipeline {
                 options.symbolizer.worker_memory_bytes,
                 options.symbolizer.worker_deadline,
             );
+            let unwind = unwind_tx.clone().zip(unwind_stats.clone());
             threads.push(spawn(
                 "symbolize",
                 Box::new(move || {
                     let symbolizer = Symbolizer::new(worker, files);
-                    symbolize_loop(symbolizer, symbolize_rx, store, &status_tx, only_pids);
+                    symbolize_loop(symbolizer, symbolize_rx, store, &status_tx, only_pids, unwind);
                 }),
             )?);
         }
         let interval = options.drain_interval;
+        let unwind = unwind_tx.zip(unwind_stats.clone());
         threads.push(spawn(
             "drain",
             Box::new(move || {
-                drain_loop(sampler, drainer, interval, drain_rx, symbolize_tx, &status_tx);
+                drain_loop(
+                    sampler,
+                    drainer,
+                    interval,
+                    drain_rx,
+                    symbolize_tx,
+                    unwind,
+                    &status_tx,
+                );
                 stop.store(true, Ordering::Relaxed);
             }),
         )?);
@@ -184,6 +228,7 @@ impl Pipeline {
             status,
             watcher_stats,
             open_files,
+            unwind: unwind_stats,
             threads,
             cpus,
             frequency: options.sampler.frequency,
@@ -215,6 +260,11 @@ impl Pipeline {
 
     pub fn open_files(&self) -> &OpenFileStats {
         &self.open_files
+    }
+
+    /// The unwind tables' figures (`--unwind auto` only).
+    pub fn unwind_stats(&self) -> Option<&UnwindStats> {
+        self.unwind.as_deref()
     }
 
     pub fn cpus(&self) -> usize {
@@ -249,9 +299,11 @@ fn drain_loop(
     interval: Duration,
     commands: mpsc::Receiver<DrainCommand>,
     out: mpsc::SyncSender<SymbolizeInput>,
+    unwind: Option<(mpsc::SyncSender<UnwindInput>, Arc<UnwindStats>)>,
     status: &watch::Sender<PipelineStatus>,
 ) {
     let mut next = Instant::now() + interval;
+    let mut per_process: HashMap<u32, u64> = HashMap::new();
     loop {
         let mut acks = Vec::new();
         let mut stop = false;
@@ -283,6 +335,17 @@ fn drain_loop(
                     status.bpf = batch.counters;
                     status.last_drain_at = Some(drained_at);
                 });
+                if let Some((unwind_tx, stats)) = &unwind {
+                    per_process.clear();
+                    for sample in &batch.samples {
+                        *per_process.entry(sample.key.tgid).or_default() += sample.count;
+                    }
+                    offer(
+                        unwind_tx,
+                        UnwindInput::Sampled(per_process.drain().collect()),
+                        stats,
+                    );
+                }
                 let input = SymbolizeInput::Batch {
                     batch: Box::new(batch),
                     time_ms: crate::unix_now_ms(),
@@ -305,12 +368,20 @@ fn drain_loop(
     }
 }
 
+/// Sends without waiting; a full queue drops the input and counts it.
+fn offer(tx: &mpsc::SyncSender<UnwindInput>, input: UnwindInput, stats: &UnwindStats) {
+    if let Err(mpsc::TrySendError::Full(_)) = tx.try_send(input) {
+        stats.inputs_dropped.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 fn symbolize_loop(
     mut symbolizer: Symbolizer,
     inputs: mpsc::Receiver<SymbolizeInput>,
     store: StoreHandle,
     status: &watch::Sender<PipelineStatus>,
     only_pids: Vec<u32>,
+    unwind: Option<(mpsc::SyncSender<UnwindInput>, Arc<UnwindStats>)>,
 ) {
     let mut warned_at: Option<Instant> = None;
     for input in inputs {
@@ -342,6 +413,13 @@ fn symbolize_loop(
                         .retain(|sample| only_pids.contains(&sample.key.tgid));
                 }
                 let samples = symbolizer.symbolize(&batch);
+                // A library mapped after the first snapshot (dlopen) needs
+                // its table too.
+                for snapshot in symbolizer.take_fresh_snapshots() {
+                    if let Some((tx, stats)) = &unwind {
+                        offer(tx, UnwindInput::Started(snapshot), stats);
+                    }
+                }
                 let symbolize_time = started.elapsed();
                 status.send_modify(|status| {
                     status.symbolizer = symbolizer.stats();

@@ -8,12 +8,14 @@
 #![no_std]
 #![no_main]
 
+mod unwind;
+
 use aya_ebpf::{
     EbpfContext, Global,
     bindings::{BPF_F_USER_STACK, BPF_NOEXIST, BPF_RB_NO_WAKEUP},
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task, bpf_get_prandom_u32,
-        bpf_get_stack, bpf_ktime_get_ns, bpf_probe_read_kernel,
+        bpf_get_stack, bpf_ktime_get_ns, bpf_probe_read_kernel, generated,
     },
     macros::{map, perf_event, raw_tracepoint},
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf, StackTrace},
@@ -22,8 +24,9 @@ use aya_ebpf::{
 use aya_log_ebpf::warn;
 use profiler_common::{
     COMM_LEN, CONTROL_ACTIVE_BUFFER, CONTROL_LEN, Counter, MAX_STACK_DEPTH, ProcessEvent, ProcessEventKind,
-    SampleKey, SampleValue, SpilledSample, maps::*,
+    SPILLED_STACK_ID_BASE, SampleKey, SampleValue, SpilledSample, UnwoundStack, maps::*, unwind_mode,
 };
+use unwind::{UNWIND_PROCESSES, Walk};
 
 const EEXIST: i32 = 17;
 const EFAULT: i32 = 14;
@@ -41,6 +44,14 @@ static USER_STACKS_1: StackTrace = StackTrace::with_max_entries(DEFAULT_USER_STA
 static KERNEL_STACKS_0: StackTrace = StackTrace::with_max_entries(DEFAULT_KERNEL_STACKS_ENTRIES, 0);
 #[map]
 static KERNEL_STACKS_1: StackTrace = StackTrace::with_max_entries(DEFAULT_KERNEL_STACKS_ENTRIES, 0);
+/// User stacks the sampler unwound itself (`UNWIND_MODE` = tables), keyed
+/// by the low bits of their hash; one map per buffer, like the stack-trace maps.
+#[map]
+static UNWOUND_STACKS_0: HashMap<u32, UnwoundStack> =
+    HashMap::with_max_entries(DEFAULT_UNWOUND_STACKS_ENTRIES, 0);
+#[map]
+static UNWOUND_STACKS_1: HashMap<u32, UnwoundStack> =
+    HashMap::with_max_entries(DEFAULT_UNWOUND_STACKS_ENTRIES, 0);
 #[map]
 static CONTROL: Array<u32> = Array::with_max_entries(CONTROL_LEN, 0);
 #[map]
@@ -62,13 +73,15 @@ static TASK_START_OFFSET: Global<u64> = Global::new(0);
 static ATTACH_NS: Global<u64> = Global::new(0);
 #[unsafe(no_mangle)]
 static PERIOD_NS: Global<u64> = Global::new(10_101_010);
+#[unsafe(no_mangle)]
+static UNWIND_MODE: Global<u64> = Global::new(unwind_mode::FRAME_POINTERS);
 #[map]
 static SPILLED_SAMPLES: RingBuf = RingBuf::with_byte_size(SPILLED_SAMPLES_BYTES, 0);
 
 /// Adds one to a per-CPU counter and returns its previous value. No atomics:
 /// the value is per CPU and tracing programs do not nest on one CPU.
 #[inline(always)]
-fn bump(counter: Counter) -> u64 {
+pub(crate) fn bump(counter: Counter) -> u64 {
     match COUNTERS.get_ptr_mut(counter as u32) {
         Some(value) => unsafe {
             let before = *value;
@@ -100,38 +113,82 @@ pub fn sample(ctx: PerfEventContext) -> u32 {
         comm: bpf_get_current_comm().unwrap_or([0; COMM_LEN]),
     };
     let cpu_ns = thread_cpu_since_last_sample(tid);
+    let user = match UNWIND_MODE.load() {
+        unwind_mode::TABLES => UserStack::Unwound(unwind::walk_user_stack(&ctx, tgid)),
+        _ => UserStack::FramePointers,
+    };
     // Two monomorphic copies rather than one with a map pointer chosen at run
     // time: the verifier can then inline the map lookups.
     match CONTROL.get(CONTROL_ACTIVE_BUFFER) {
-        Some(1) => record(&ctx, key, cpu_ns, &COUNTS_1, &USER_STACKS_1, &KERNEL_STACKS_1),
-        _ => record(&ctx, key, cpu_ns, &COUNTS_0, &USER_STACKS_0, &KERNEL_STACKS_0),
+        Some(1) => record(
+            &ctx,
+            key,
+            cpu_ns,
+            user,
+            Buffer {
+                counts: &COUNTS_1,
+                user_stacks: &USER_STACKS_1,
+                unwound_stacks: &UNWOUND_STACKS_1,
+                kernel_stacks: &KERNEL_STACKS_1,
+            },
+        ),
+        _ => record(
+            &ctx,
+            key,
+            cpu_ns,
+            user,
+            Buffer {
+                counts: &COUNTS_0,
+                user_stacks: &USER_STACKS_0,
+                unwound_stacks: &UNWOUND_STACKS_0,
+                kernel_stacks: &KERNEL_STACKS_0,
+            },
+        ),
     }
     0
 }
 
+/// How this sample's user stack is taken.
+#[derive(Clone, Copy)]
+enum UserStack {
+    /// bpf_get_stackid / bpf_get_stack: frame pointers.
+    FramePointers,
+    /// Walked by the sampler (None: no user stack).
+    Unwound(Option<*mut Walk>),
+}
+
+/// One of the two alternating buffers.
+struct Buffer<'a> {
+    counts: &'a HashMap<SampleKey, SampleValue>,
+    user_stacks: &'a StackTrace,
+    unwound_stacks: &'a HashMap<u32, UnwoundStack>,
+    kernel_stacks: &'a StackTrace,
+}
+
 #[inline(always)]
-fn record(
-    ctx: &PerfEventContext,
-    mut key: SampleKey,
-    cpu_ns: u64,
-    counts: &HashMap<SampleKey, SampleValue>,
-    user_stacks: &StackTrace,
-    kernel_stacks: &StackTrace,
-) {
-    key.user_stack_id = stack_id(
-        ctx,
-        user_stacks,
-        BPF_F_USER_STACK as u64,
-        [
-            Counter::NoUserStack,
-            Counter::UserStackCollision,
-            Counter::UserStackMapFull,
-            Counter::UserStackError,
-        ],
-    );
+fn record(ctx: &PerfEventContext, mut key: SampleKey, cpu_ns: u64, user: UserStack, buffer: Buffer) {
+    let counts = buffer.counts;
+    key.user_stack_id = match user {
+        UserStack::FramePointers => stack_id(
+            ctx,
+            buffer.user_stacks,
+            BPF_F_USER_STACK as u64,
+            [
+                Counter::NoUserStack,
+                Counter::UserStackCollision,
+                Counter::UserStackMapFull,
+                Counter::UserStackError,
+            ],
+        ),
+        UserStack::Unwound(None) => {
+            bump(Counter::NoUserStack);
+            -EFAULT
+        }
+        UserStack::Unwound(Some(walk)) => unwound_stack_id(walk, buffer.unwound_stacks),
+    };
     key.kernel_stack_id = stack_id(
         ctx,
-        kernel_stacks,
+        buffer.kernel_stacks,
         0,
         [
             Counter::NoKernelStack,
@@ -140,7 +197,7 @@ fn record(
             Counter::KernelStackError,
         ],
     );
-    if (key.user_stack_id == -EEXIST || key.kernel_stack_id == -EEXIST) && spill(ctx, &key, cpu_ns) {
+    if (key.user_stack_id == -EEXIST || key.kernel_stack_id == -EEXIST) && spill(ctx, &key, cpu_ns, user) {
         return;
     }
     // The key holds the tid and a thread runs on one CPU at a time, so no other
@@ -161,9 +218,37 @@ fn record(
     }
 }
 
+/// The id of the walked stack in `stacks`, storing it if new; -EEXIST when
+/// another stack holds its key (the caller spills the sample).
+#[inline(always)]
+fn unwound_stack_id(walk: *mut Walk, stacks: &HashMap<u32, UnwoundStack>) -> i32 {
+    // SAFETY: `walk` is this CPU's scratch entry, filled by the walk.
+    let stack = unsafe { &(*walk).stack };
+    let id = (stack.hash as u32) & (SPILLED_STACK_ID_BASE - 1);
+    for _ in 0..2 {
+        if let Some(existing) = unsafe { stacks.get(&id) } {
+            if existing.hash == stack.hash {
+                return id as i32;
+            }
+            bump(Counter::UnwoundStackCollision);
+            return -EEXIST;
+        }
+        match stacks.insert(&id, stack, BPF_NOEXIST as u64) {
+            Ok(()) => return id as i32,
+            // Another CPU stored a stack under this key first: look again.
+            Err(err) if -err == EEXIST => continue,
+            Err(err) => {
+                bump(Counter::UnwoundStackMapFull);
+                return err;
+            }
+        }
+    }
+    -EEXIST
+}
+
 /// Copies a sample with both stacks into the spill ring; false if it is full.
 #[inline(always)]
-fn spill(ctx: &PerfEventContext, key: &SampleKey, cpu_ns: u64) -> bool {
+fn spill(ctx: &PerfEventContext, key: &SampleKey, cpu_ns: u64, user: UserStack) -> bool {
     let Some(mut entry) = SPILLED_SAMPLES.reserve::<SpilledSample>(0) else {
         bump(Counter::SpillLost);
         return false;
@@ -179,8 +264,20 @@ fn spill(ctx: &PerfEventContext, key: &SampleKey, cpu_ns: u64) -> bool {
         (*sample).comm = key.comm;
         (*sample).reserved = 0;
         (*sample).cpu_ns = cpu_ns;
-        let user = core::ptr::addr_of_mut!((*sample).user).cast();
-        (*sample).user_len = bpf_get_stack(ctx.as_ptr(), user, STACK_BYTES, BPF_F_USER_STACK as u64) as i32;
+        let frames = core::ptr::addr_of_mut!((*sample).user).cast();
+        (*sample).user_len = match user {
+            UserStack::FramePointers => {
+                bpf_get_stack(ctx.as_ptr(), frames, STACK_BYTES, BPF_F_USER_STACK as u64) as i32
+            }
+            UserStack::Unwound(Some(walk)) => {
+                let stack = &(*walk).stack;
+                match generated::bpf_probe_read_kernel(frames, STACK_BYTES, stack.frames.as_ptr().cast()) {
+                    0 => (stack.len.min(MAX_STACK_DEPTH as u32) * 8) as i32,
+                    err => err as i32,
+                }
+            }
+            UserStack::Unwound(None) => -EFAULT,
+        };
         let kernel = core::ptr::addr_of_mut!((*sample).kernel).cast();
         (*sample).kernel_len = bpf_get_stack(ctx.as_ptr(), kernel, STACK_BYTES, 0) as i32;
     }
@@ -298,6 +395,7 @@ fn announce(kind: ProcessEventKind, tgid: u32, instance: u32) {
 pub fn on_exec(_ctx: RawTracePointContext) -> i32 {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     let _ = PROCESSES.remove(&tgid);
+    let _ = UNWIND_PROCESSES.remove(&tgid);
     0
 }
 
@@ -310,6 +408,7 @@ pub fn on_exit(_ctx: RawTracePointContext) -> i32 {
     if pid_tgid as u32 != tgid {
         return 0;
     }
+    let _ = UNWIND_PROCESSES.remove(&tgid);
     if let Some(instance) = unsafe { PROCESSES.get(&tgid) }.copied() {
         let _ = PROCESSES.remove(&tgid);
         announce(ProcessEventKind::Exited, tgid, instance);

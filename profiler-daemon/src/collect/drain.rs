@@ -10,7 +10,8 @@ use std::{collections::HashMap as StdHashMap, time::Duration};
 
 use aya::maps::{Array, HashMap, MapData, MapError, PerCpuArray, RingBuf, StackTraceMap};
 use profiler_common::{
-    CONTROL_ACTIVE_BUFFER, Counter, SPILLED_STACK_ID_BASE, SampleKey, SampleValue, SpilledSample, maps,
+    CONTROL_ACTIVE_BUFFER, Counter, MAX_STACK_DEPTH, SPILLED_STACK_ID_BASE, SampleKey, SampleValue,
+    SpilledSample, UnwoundStack, maps,
 };
 
 use super::CollectError;
@@ -62,10 +63,17 @@ pub struct RawBatch {
     pub spilled: usize,
 }
 
+/// Where the sampler puts user stacks: the kernel's stack-trace maps
+/// (frame-pointer mode), or its own walk's unwound-stacks maps.
+pub enum UserStackMaps {
+    StackTraces([StackTraceMap<MapData>; 2]),
+    Unwound([HashMap<MapData, u32, UnwoundStack>; 2]),
+}
+
 /// Owns the sampler's maps on the daemon side.
 pub struct Drainer {
     counts: [HashMap<MapData, SampleKey, SampleValue>; 2],
-    user_stacks: [StackTraceMap<MapData>; 2],
+    user_stacks: UserStackMaps,
     kernel_stacks: [StackTraceMap<MapData>; 2],
     control: Array<MapData, u32>,
     counters: PerCpuArray<MapData, u64>,
@@ -77,7 +85,7 @@ pub struct Drainer {
 impl Drainer {
     pub(super) fn new(
         counts: [HashMap<MapData, SampleKey, SampleValue>; 2],
-        user_stacks: [StackTraceMap<MapData>; 2],
+        user_stacks: UserStackMaps,
         kernel_stacks: [StackTraceMap<MapData>; 2],
         control: Array<MapData, u32>,
         counters: PerCpuArray<MapData, u64>,
@@ -132,11 +140,14 @@ impl Drainer {
                 tracing::debug!("deleting from {}: {err}", maps::COUNTS[old]);
             }
         }
-        batch.read_errors += drain_stacks(
-            &mut self.user_stacks[old],
-            &mut self.stack_ids,
-            &mut batch.user_stacks,
-        );
+        batch.read_errors += match &mut self.user_stacks {
+            UserStackMaps::StackTraces(maps) => {
+                drain_stacks(&mut maps[old], &mut self.stack_ids, &mut batch.user_stacks)
+            }
+            UserStackMaps::Unwound(maps) => {
+                drain_unwound(&mut maps[old], &mut self.stack_ids, &mut batch.user_stacks)
+            }
+        };
         batch.read_errors += drain_stacks(
             &mut self.kernel_stacks[old],
             &mut self.stack_ids,
@@ -215,6 +226,31 @@ fn drain_stacks(
                 out.insert(*id, stack.frames().iter().map(|frame| frame.ip).collect());
             }
             // Deleted between listing and reading: nothing to keep.
+            Err(MapError::KeyNotFound) => {}
+            Err(_) => errors += 1,
+        }
+        if map.remove(id).is_err() {
+            errors += 1;
+        }
+    }
+    errors
+}
+
+/// Reads and deletes every stack of an unwound-stacks map; returns the error count.
+fn drain_unwound(
+    map: &mut HashMap<MapData, u32, UnwoundStack>,
+    ids: &mut Vec<u32>,
+    out: &mut StdHashMap<u32, Box<[u64]>>,
+) -> u64 {
+    let mut errors = 0;
+    ids.clear();
+    ids.extend(map.keys().filter_map(|id| id.map_err(|_| errors += 1).ok()));
+    for id in ids.iter() {
+        match map.get(id, 0) {
+            Ok(stack) => {
+                let len = (stack.len as usize).min(MAX_STACK_DEPTH);
+                out.insert(*id, stack.frames[..len].into());
+            }
             Err(MapError::KeyNotFound) => {}
             Err(_) => errors += 1,
         }

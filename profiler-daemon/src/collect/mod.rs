@@ -2,7 +2,9 @@
 //!
 //! [`Sampler`] loads and attaches the BPF program; [`Drainer`] empties its maps
 //! into [`RawBatch`]es; [`ProcessWatcher`] snapshots the memory mappings of
-//! every process the sampler announces, while the process still exists.
+//! every process the sampler announces, while the process still exists;
+//! [`unwind_tables::TableManager`] loads the CFI tables the sampler's own
+//! user-stack walk reads.
 
 mod btf;
 mod drain;
@@ -10,6 +12,7 @@ mod mapped_file;
 mod proc_maps;
 mod process_snapshot;
 mod sampler;
+pub mod unwind_tables;
 mod watcher;
 
 pub use drain::{BpfCounters, Drainer, RawBatch, RawSample};
@@ -18,7 +21,7 @@ pub use mapped_file::{
 };
 pub use proc_maps::{MapsLine, parse_maps_line};
 pub use process_snapshot::{MAX_FILES_PER_PROCESS, ProcessSnapshot, SnapshotMapping, SnapshotReader};
-pub use sampler::{MapSizes, Sampler, SamplerOptions};
+pub use sampler::{MapSizes, Sampler, SamplerOptions, UnwindMaps, UnwindMode};
 pub use watcher::{ProcessNotice, ProcessWatcher, WatcherStats};
 
 /// Errors from loading, attaching or reading the BPF side.

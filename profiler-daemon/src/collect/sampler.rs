@@ -8,9 +8,12 @@ use aya::{
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
     },
 };
-use profiler_common::{SampleKey, SampleValue, globals, maps, programs};
+use profiler_common::{
+    SampleKey, SampleValue, UnwindProcess, UnwindRowChunk, UnwindTableRange, UnwoundStack, globals, maps,
+    programs, unwind_mode,
+};
 
-use super::{CollectError, Drainer, btf};
+use super::{CollectError, Drainer, btf, drain::UserStackMaps};
 
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler-ebpf"));
 
@@ -32,11 +35,42 @@ impl Default for MapSizes {
     }
 }
 
+/// How the sampler walks user stacks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum UnwindMode {
+    /// The sampler's own walk: CFI tables (from `.eh_frame`) where the
+    /// daemon has loaded them, frame pointers elsewhere.
+    #[default]
+    Auto,
+    /// The kernel's frame-pointer walk only (bpf_get_stackid).
+    FramePointers,
+}
+
+impl UnwindMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            UnwindMode::Auto => "auto",
+            UnwindMode::FramePointers => "frame-pointers",
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SamplerOptions {
     /// Samples per second per CPU.
     pub frequency: u64,
     pub map_sizes: MapSizes,
+    pub unwind: UnwindMode,
+    /// Kernel memory for the unwind tables' rows (auto mode), bytes.
+    pub unwind_table_bytes: u64,
+}
+
+/// The maps the daemon fills for the sampler's own walk (auto mode).
+pub struct UnwindMaps {
+    pub rows: Array<MapData, UnwindRowChunk>,
+    pub tables: Array<MapData, UnwindTableRange>,
+    pub processes: HashMap<MapData, u32, UnwindProcess>,
 }
 
 /// The loaded and attached BPF program. Dropping it detaches everything.
@@ -50,7 +84,9 @@ impl Sampler {
     /// Loads the program, attaches it to cpu-clock on every online CPU and to
     /// the exec/exit tracepoints, and returns it with the drainer of its maps
     /// and the ring buffer of process events.
-    pub fn start(options: &SamplerOptions) -> Result<(Self, Drainer, RingBuf<MapData>), CollectError> {
+    pub fn start(
+        options: &SamplerOptions,
+    ) -> Result<(Self, Drainer, RingBuf<MapData>, Option<UnwindMaps>), CollectError> {
         raise_limits();
         let sizes = options.map_sizes;
         let mut loader = EbpfLoader::new();
@@ -75,11 +111,40 @@ impl Sampler {
             .override_global(globals::TASK_START_OFFSET, &start_offset, true)
             .override_global(globals::PERIOD_NS, &period_ns, true)
             .override_global(globals::ATTACH_NS, &attach_ns, true);
+        let tables = options.unwind == UnwindMode::Auto;
+        let mode = if tables {
+            unwind_mode::TABLES
+        } else {
+            unwind_mode::FRAME_POINTERS
+        };
+        loader.override_global(globals::UNWIND_MODE, &mode, true);
         for name in maps::COUNTS {
             loader.map_max_entries(name, sizes.counts);
         }
+        // Only the maps of the chosen walk get their capacity; the others
+        // shrink to one entry (a map cannot have none).
+        let (stack_trace_entries, unwound_entries) = if tables {
+            (1, sizes.user_stacks)
+        } else {
+            (sizes.user_stacks, 1)
+        };
         for name in maps::USER_STACKS {
-            loader.map_max_entries(name, sizes.user_stacks);
+            loader.map_max_entries(name, stack_trace_entries);
+        }
+        for name in maps::UNWOUND_STACKS {
+            loader.map_max_entries(name, unwound_entries);
+        }
+        let row_chunks = if tables {
+            u32::try_from(options.unwind_table_bytes / size_of::<UnwindRowChunk>() as u64)
+                .unwrap_or(u32::MAX)
+                .max(1)
+        } else {
+            1
+        };
+        loader.map_max_entries(maps::UNWIND_ROWS, row_chunks);
+        if !tables {
+            loader.map_max_entries(maps::UNWIND_TABLES, 1);
+            loader.map_max_entries(maps::UNWIND_PROCESSES, 1);
         }
         for name in maps::KERNEL_STACKS {
             loader.map_max_entries(name, sizes.kernel_stacks);
@@ -94,7 +159,16 @@ impl Sampler {
             }
         };
 
-        let drainer = take_drainer(&mut ebpf)?;
+        let drainer = take_drainer(&mut ebpf, tables)?;
+        let unwind = if tables {
+            Some(UnwindMaps {
+                rows: convert(&mut ebpf, maps::UNWIND_ROWS)?,
+                tables: convert(&mut ebpf, maps::UNWIND_TABLES)?,
+                processes: convert(&mut ebpf, maps::UNWIND_PROCESSES)?,
+            })
+        } else {
+            None
+        };
         let events = RingBuf::try_from(take_map(&mut ebpf, maps::PROCESS_EVENTS)?).map_err(|source| {
             CollectError::Map {
                 name: maps::PROCESS_EVENTS,
@@ -145,6 +219,7 @@ impl Sampler {
             },
             drainer,
             events,
+            unwind,
         ))
     }
 
@@ -186,19 +261,29 @@ fn take_map(ebpf: &mut Ebpf, name: &'static str) -> Result<aya::maps::Map, Colle
     ebpf.take_map(name).ok_or(CollectError::MissingMap { name })
 }
 
-fn take_drainer(ebpf: &mut Ebpf) -> Result<Drainer, CollectError> {
-    fn convert<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(
-        ebpf: &mut Ebpf,
-        name: &'static str,
-    ) -> Result<T, CollectError> {
-        T::try_from(take_map(ebpf, name)?).map_err(|source| CollectError::Map { name, source })
-    }
+fn convert<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(
+    ebpf: &mut Ebpf,
+    name: &'static str,
+) -> Result<T, CollectError> {
+    T::try_from(take_map(ebpf, name)?).map_err(|source| CollectError::Map { name, source })
+}
+
+fn take_drainer(ebpf: &mut Ebpf, unwound: bool) -> Result<Drainer, CollectError> {
     let counts: [HashMap<MapData, SampleKey, SampleValue>; 2] =
         [convert(ebpf, maps::COUNTS[0])?, convert(ebpf, maps::COUNTS[1])?];
-    let user_stacks: [StackTraceMap<MapData>; 2] = [
-        convert(ebpf, maps::USER_STACKS[0])?,
-        convert(ebpf, maps::USER_STACKS[1])?,
-    ];
+    let user_stacks = if unwound {
+        let maps: [HashMap<MapData, u32, UnwoundStack>; 2] = [
+            convert(ebpf, maps::UNWOUND_STACKS[0])?,
+            convert(ebpf, maps::UNWOUND_STACKS[1])?,
+        ];
+        UserStackMaps::Unwound(maps)
+    } else {
+        let maps: [StackTraceMap<MapData>; 2] = [
+            convert(ebpf, maps::USER_STACKS[0])?,
+            convert(ebpf, maps::USER_STACKS[1])?,
+        ];
+        UserStackMaps::StackTraces(maps)
+    };
     let kernel_stacks: [StackTraceMap<MapData>; 2] = [
         convert(ebpf, maps::KERNEL_STACKS[0])?,
         convert(ebpf, maps::KERNEL_STACKS[1])?,

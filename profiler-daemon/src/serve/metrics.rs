@@ -5,6 +5,7 @@
 //! collector; only HTTP requests are counted here.
 
 mod isolation;
+mod unwinding;
 
 use std::fmt;
 
@@ -74,6 +75,7 @@ pub(super) async fn metrics(State(state): State<ServeState>) -> Result<Response,
             .snapshot_failures
             .load(std::sync::atomic::Ordering::Relaxed),
         open_files: isolation::OpenFilesSnapshot::of(state.pipeline.open_files()),
+        unwind_tables: state.pipeline.unwind_stats().map(unwinding::TablesSnapshot::of),
         connections: state.connections.stats(),
     };
     let mut registry = Registry::with_prefix("profilerd");
@@ -106,6 +108,7 @@ struct Snapshot {
     snapshots: u64,
     snapshot_failures: u64,
     open_files: isolation::OpenFilesSnapshot,
+    unwind_tables: Option<unwinding::TablesSnapshot>,
     connections: ConnectionStats,
 }
 
@@ -256,6 +259,7 @@ impl Collector for Snapshot {
             processes.refreshes,
         )?;
         isolation::encode(out, status, &self.open_files)?;
+        unwinding::encode(out, bpf, self.unwind_tables.as_ref())?;
         let store = self.store;
         gauge(
             out,

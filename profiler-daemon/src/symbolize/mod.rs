@@ -16,7 +16,7 @@ pub use processes::ProcessStats;
 pub use resolver::ResolverStats;
 pub use stack::{FrameKind, Function, Line, Location, Mapping, SymbolizedSample, SymbolizedStack};
 
-use crate::collect::{OpenFiles, ProcessNotice, RawBatch, SnapshotReader};
+use crate::collect::{OpenFiles, ProcessNotice, ProcessSnapshot, RawBatch, SnapshotReader};
 use processes::{ProcessEntry, ProcessTable};
 use resolver::Resolver;
 use worker::WorkerConfig;
@@ -57,6 +57,12 @@ impl Symbolizer {
             ProcessNotice::Started(snapshot) => self.processes.insert(snapshot, &mut self.resolver),
             ProcessNotice::Exited { pid, instance } => self.processes.exited(pid, instance),
         }
+    }
+
+    /// Mappings read during symbolization (late or after a dlopen) since
+    /// the last call.
+    pub fn take_fresh_snapshots(&mut self) -> Vec<ProcessSnapshot> {
+        self.processes.take_fresh()
     }
 
     pub fn stats(&self) -> SymbolizerStats {

@@ -49,6 +49,8 @@ pub struct ProcessTable {
     entries: HashMap<(u32, u32), ProcessEntry>,
     exited: Vec<(u32, u32)>,
     refreshed: Vec<(u32, u32)>,
+    /// Snapshots read here (late or refreshed), for the unwind tables.
+    fresh: Vec<ProcessSnapshot>,
     reader: SnapshotReader,
     batch: u64,
     pub stats: ProcessStats,
@@ -60,6 +62,7 @@ impl ProcessTable {
             entries: HashMap::new(),
             exited: Vec::new(),
             refreshed: Vec::new(),
+            fresh: Vec::new(),
             reader,
             batch: 0,
             stats: ProcessStats::default(),
@@ -108,6 +111,7 @@ impl ProcessTable {
             match self.reader.read(pid, instance) {
                 Ok(snapshot) => {
                     self.stats.late_snapshots += 1;
+                    self.fresh.push(snapshot.clone());
                     let entry = entry_from(snapshot, resolver, batch);
                     self.entries.insert(key, entry);
                     self.stats.tracked = self.entries.len() as u64;
@@ -123,6 +127,12 @@ impl ProcessTable {
         Some(entry)
     }
 
+    /// Snapshots read since the last call (late first reads and refreshes
+    /// after a dlopen), which the process watcher never saw.
+    pub fn take_fresh(&mut self) -> Vec<ProcessSnapshot> {
+        std::mem::take(&mut self.fresh)
+    }
+
     /// Re-reads an instance's mappings if its process still runs; true if it did.
     /// Done at most once per instance per batch.
     pub fn refresh(&mut self, pid: u32, instance: u32, resolver: &mut Resolver) -> bool {
@@ -134,6 +144,7 @@ impl ProcessTable {
         match self.reader.read(pid, instance) {
             Ok(snapshot) => {
                 self.stats.refreshes += 1;
+                self.fresh.push(snapshot.clone());
                 let entry = entry_from(snapshot, resolver, self.batch);
                 self.entries.insert(key, entry);
                 true

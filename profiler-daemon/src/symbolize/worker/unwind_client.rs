@@ -6,6 +6,11 @@ use std::{os::fd::OwnedFd, time::Duration};
 
 use profiler_common::UnwindRow;
 
+use crate::collect::{
+    MappedFile,
+    unwind_tables::{self, CompiledTable, TableCompiler},
+};
+
 use super::{
     FileIdentity, LoadSegment, WorkerClient, WorkerError,
     protocol::{self, InvalidTable, Request},
@@ -88,5 +93,35 @@ impl WorkerClient {
             }))
         })?;
         answer.map_err(UnwindTableError::NoTable)
+    }
+}
+
+/// The table manager's compiler: this worker, on a descriptor of the file.
+impl TableCompiler for WorkerClient {
+    fn compile(&mut self, file: &MappedFile) -> Result<CompiledTable, String> {
+        let fd = file
+            .descriptor()
+            .ok_or("the file was closed and its process is gone")?;
+        file.touch();
+        let identity = FileIdentity {
+            dev: file.key.dev,
+            inode: file.key.inode,
+            size: file.version.size,
+            mtime_ns: file.version.mtime_ns,
+        };
+        let table = self.unwind_table(&fd, identity).map_err(|err| err.to_string())?;
+        Ok(CompiledTable {
+            rows: table.rows,
+            segments: table
+                .segments
+                .iter()
+                .map(|segment| unwind_tables::LoadSegment {
+                    file_offset: segment.file_offset,
+                    vaddr: segment.vaddr,
+                    file_size: segment.file_size,
+                })
+                .collect(),
+            compile_time: table.compile_time,
+        })
     }
 }

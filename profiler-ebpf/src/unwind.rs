@@ -1,0 +1,344 @@
+//! The sampler's own user-stack walk: from the sampled registers, frame by
+//! frame, with the CFI tables the daemon compiled from each file's
+//! `.eh_frame` where it has one, and the frame pointer where it does not.
+//!
+//! One frame per `bpf_loop` iteration: the verifier checks the step once,
+//! not once per frame, so depth costs no verification budget.
+
+use core::ffi::c_void;
+
+use aya_ebpf::{
+    bindings::{BPF_F_NO_PREALLOC, pt_regs},
+    helpers::{
+        bpf_probe_read_kernel, bpf_probe_read_user,
+        generated::{bpf_get_current_task_btf, bpf_loop, bpf_task_pt_regs},
+    },
+    macros::map,
+    maps::{Array, HashMap, PerCpuArray},
+    programs::PerfEventContext,
+};
+use profiler_common::{
+    CfaRule, Counter, MAX_STACK_DEPTH, MAX_UNWIND_MAPPINGS, RbpRule, UNWIND_ROWS_PER_CHUNK, UnwindEnd,
+    UnwindProcess, UnwindRow, UnwindRowChunk, UnwindTableRange, UnwoundStack, maps::*,
+};
+
+use crate::bump;
+
+#[map]
+static UNWIND_ROWS: Array<UnwindRowChunk> = Array::with_max_entries(DEFAULT_UNWIND_ROW_CHUNKS, 0);
+#[map]
+static UNWIND_TABLES: Array<UnwindTableRange> = Array::with_max_entries(UNWIND_TABLE_IDS, 0);
+/// tgid -> its executable mappings; written by the daemon once the process's
+/// tables are loaded, removed at exec (the image changes).
+#[map]
+pub static UNWIND_PROCESSES: HashMap<u32, UnwindProcess> =
+    HashMap::with_max_entries(DEFAULT_UNWIND_PROCESSES_ENTRIES, BPF_F_NO_PREALLOC);
+#[map]
+static UNWIND_SCRATCH: PerCpuArray<Walk> = PerCpuArray::with_max_entries(1, 0);
+
+/// The next lookup uses `ip` itself, not `ip - 1`: `ip` is where the thread
+/// was interrupted (the leaf, or the frame a signal interrupted), not a
+/// return address just past a call.
+const EXACT_IP: u64 = 1;
+/// rbp was saved in a way the walk cannot follow: it is unknown from here on.
+const BP_UNKNOWN: u64 = 2;
+
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
+
+/// Offsets in the kernel's signal frame at `__restore_rt`: rsp points at
+/// the ucontext, whose mcontext (struct sigcontext) starts 40 bytes in.
+const UC_RBP: u64 = 40 + 10 * 8;
+const UC_RSP: u64 = 40 + 15 * 8;
+const UC_RIP: u64 = 40 + 16 * 8;
+
+/// Per-CPU scratch of one walk; its `stack` is what gets stored.
+#[repr(C)]
+pub struct Walk {
+    pub stack: UnwoundStack,
+    ip: u64,
+    sp: u64,
+    bp: u64,
+    flags: u64,
+}
+
+/// What a `bpf_loop` step needs; lives on the sampler's stack.
+#[repr(C)]
+struct StepContext {
+    walk: *mut Walk,
+    /// Null when the daemon has not loaded this process yet.
+    process: *const UnwindProcess,
+}
+
+/// Walks the current thread's user stack into the per-CPU scratch. None:
+/// the thread has no user stack (a kernel thread) or the scratch is missing.
+#[inline(always)]
+pub fn walk_user_stack(ctx: &PerfEventContext, tgid: u32) -> Option<*mut Walk> {
+    let walk = UNWIND_SCRATCH.get_ptr_mut(0)?;
+    let (ip, sp, bp) = user_registers(ctx)?;
+    if ip == 0 {
+        return None;
+    }
+    let process = unsafe { UNWIND_PROCESSES.get(&tgid) }.map_or(core::ptr::null(), |p| p as *const _);
+    // SAFETY: `walk` points at this CPU's scratch entry, which nothing else
+    // touches while this program runs (perf_event programs do not nest on a CPU).
+    unsafe {
+        (*walk).ip = ip;
+        (*walk).sp = sp;
+        (*walk).bp = bp;
+        (*walk).flags = EXACT_IP;
+        (*walk).stack.len = 0;
+        (*walk).stack.end = UnwindEnd::DepthLimit as u32;
+        (*walk).stack.hash = FNV_OFFSET;
+    }
+    let mut step_context = StepContext { walk, process };
+    // SAFETY: `step` is a BPF subprogram with the callback signature; the
+    // context is on this stack and outlives the call.
+    unsafe {
+        bpf_loop(
+            MAX_STACK_DEPTH as u32,
+            step as *mut c_void,
+            (&mut step_context as *mut StepContext).cast(),
+            0,
+        );
+    }
+    // SAFETY: as above.
+    let stack = unsafe { &mut (*walk).stack };
+    let end = stack.end;
+    bump(end_counter(end));
+    stack.hash = (stack.hash ^ u64::from(end)).wrapping_mul(FNV_PRIME);
+    Some(walk)
+}
+
+/// The user-mode registers: the sampled ones when the sample hit user mode,
+/// else those saved at the kernel entry (the syscall or interrupt).
+#[inline(always)]
+fn user_registers(ctx: &PerfEventContext) -> Option<(u64, u64, u64)> {
+    // SAFETY: the context of a perf_event program is its bpf_perf_event_data;
+    // reading `regs` is a plain context access the verifier checks.
+    let regs = unsafe { &(*ctx.ctx).regs };
+    if regs.cs & 3 == 3 {
+        return Some((regs.rip, regs.rsp, regs.rbp));
+    }
+    // SAFETY: the helper returns the current task's saved user registers
+    // (task_pt_regs); they are read through probe_read, never dereferenced.
+    let user = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const pt_regs;
+    if user.is_null() {
+        return None;
+    }
+    unsafe {
+        Some((
+            bpf_probe_read_kernel(&(*user).rip).ok()?,
+            bpf_probe_read_kernel(&(*user).rsp).ok()?,
+            bpf_probe_read_kernel(&(*user).rbp).ok()?,
+        ))
+    }
+}
+
+#[inline(always)]
+fn end_counter(end: u32) -> Counter {
+    match end {
+        0 => Counter::UnwindComplete,
+        1 => Counter::UnwindNoMapping,
+        2 => Counter::UnwindNoFramePointer,
+        3 => Counter::UnwindUnsupportedRule,
+        4 => Counter::UnwindReadFault,
+        6 => Counter::UnwindTableNotLoaded,
+        _ => Counter::UnwindDepthLimit,
+    }
+}
+
+/// One `bpf_loop` iteration: record the current frame, find its caller.
+/// Returns 1 to stop the loop.
+extern "C" fn step(_index: u64, context: *mut c_void) -> i64 {
+    // SAFETY: bpf_loop passes back the StepContext walk_user_stack gave it,
+    // whose `walk` is a valid scratch entry for the whole walk.
+    let (walk, process) = unsafe {
+        let context = &*(context as *const StepContext);
+        (&mut *context.walk, context.process)
+    };
+    match step_frame(walk, process) {
+        Ok(()) => 0,
+        Err(end) => {
+            walk.stack.end = end as u32;
+            1
+        }
+    }
+}
+
+#[inline(always)]
+fn step_frame(walk: &mut Walk, process: *const UnwindProcess) -> Result<(), UnwindEnd> {
+    let ip = walk.ip;
+    if ip == 0 {
+        return Err(UnwindEnd::Complete);
+    }
+    let len = walk.stack.len as usize;
+    if len >= MAX_STACK_DEPTH {
+        return Err(UnwindEnd::DepthLimit);
+    }
+    walk.stack.frames[len] = ip;
+    walk.stack.len = len as u32 + 1;
+    walk.stack.hash = (walk.stack.hash ^ ip).wrapping_mul(FNV_PRIME);
+
+    let lookup = if walk.flags & EXACT_IP != 0 { ip } else { ip - 1 };
+    if process.is_null() {
+        return frame_pointer_step(walk, UnwindEnd::TableNotLoaded);
+    }
+    // SAFETY: a non-null `process` is a value of UNWIND_PROCESSES, valid for
+    // the program's run (RCU keeps a deleted element alive until it ends).
+    let row = match find_row(unsafe { &*process }, lookup) {
+        Ok(row) => row,
+        Err(missing) => return frame_pointer_step(walk, missing),
+    };
+    let off = u64::from(row.cfa_offset) * 8;
+    let cfa = match row.cfa_rule() {
+        r if r == CfaRule::Rsp as u8 => walk.sp + off,
+        r if r == CfaRule::Rbp as u8 => {
+            if walk.flags & BP_UNKNOWN != 0 {
+                return Err(UnwindEnd::UnsupportedRule);
+            }
+            walk.bp + off
+        }
+        r if r == CfaRule::Plt as u8 => walk.sp + 8 + if ip & 15 >= 11 { 8 } else { 0 },
+        r if r == CfaRule::DerefRsp as u8 => {
+            let at = walk.sp + (off & 0x7f8);
+            read_user(at)? + (u64::from(row.cfa_offset >> 8) * 8)
+        }
+        r if r == CfaRule::Signal as u8 => return signal_step(walk),
+        r if r == CfaRule::End as u8 => return Err(UnwindEnd::Complete),
+        r if r == CfaRule::NoInfo as u8 => return frame_pointer_step(walk, UnwindEnd::NoFramePointer),
+        _ => return Err(UnwindEnd::UnsupportedRule),
+    };
+    // The caller's frame lies above this one; anything else is garbage
+    // (and would loop until the depth limit).
+    if cfa <= walk.sp {
+        return Err(UnwindEnd::ReadFault);
+    }
+    let return_address = read_user(cfa - 8)?;
+    match row.rbp_rule() {
+        r if r == RbpRule::Unchanged as u8 => {}
+        r if r == RbpRule::Offset as u8 => {
+            walk.bp = read_user(cfa.wrapping_add((i64::from(row.rbp_offset) * 8) as u64))?;
+            walk.flags &= !BP_UNKNOWN;
+        }
+        _ => walk.flags |= BP_UNKNOWN,
+    }
+    walk.sp = cfa;
+    walk.ip = return_address;
+    walk.flags &= !EXACT_IP;
+    bump(Counter::UnwindTableFrames);
+    Ok(())
+}
+
+/// `__restore_rt`: the interrupted frame's registers are in the ucontext.
+#[inline(always)]
+fn signal_step(walk: &mut Walk) -> Result<(), UnwindEnd> {
+    let uc = walk.sp;
+    walk.bp = read_user(uc + UC_RBP)?;
+    walk.sp = read_user(uc + UC_RSP)?;
+    walk.ip = read_user(uc + UC_RIP)?;
+    walk.flags = EXACT_IP;
+    bump(Counter::UnwindTableFrames);
+    Ok(())
+}
+
+/// A frame without a table: follow rbp. `missing` says why there was no
+/// table, and is the walk's end if the frame pointer leads nowhere.
+#[inline(always)]
+fn frame_pointer_step(walk: &mut Walk, missing: UnwindEnd) -> Result<(), UnwindEnd> {
+    if walk.flags & BP_UNKNOWN != 0 {
+        return Err(missing);
+    }
+    let bp = walk.bp;
+    if bp == 0 {
+        // The outermost frame of a frame-pointer chain (_start clears rbp).
+        return Err(UnwindEnd::Complete);
+    }
+    if bp < walk.sp {
+        return Err(missing);
+    }
+    let (Ok(next_bp), Ok(return_address)) = (unsafe { bpf_probe_read_user(bp as *const u64) }, unsafe {
+        bpf_probe_read_user((bp + 8) as *const u64)
+    }) else {
+        return Err(missing);
+    };
+    walk.bp = next_bp;
+    walk.sp = bp + 16;
+    walk.ip = return_address;
+    walk.flags &= !EXACT_IP;
+    bump(Counter::UnwindFramePointerFrames);
+    Ok(())
+}
+
+#[inline(always)]
+fn read_user(address: u64) -> Result<u64, UnwindEnd> {
+    // SAFETY: probe_read checks the address; a fault is an error, not a crash.
+    unsafe { bpf_probe_read_user(address as *const u64) }.map_err(|_| UnwindEnd::ReadFault)
+}
+
+/// The row for `pc`, or why there is none.
+#[inline(always)]
+fn find_row(process: &UnwindProcess, pc: u64) -> Result<UnwindRow, UnwindEnd> {
+    let count = process.count as usize;
+    let (mut lo, mut hi) = (0usize, count.min(MAX_UNWIND_MAPPINGS));
+    let mut found = MAX_UNWIND_MAPPINGS;
+    // log2(MAX_UNWIND_MAPPINGS) + 1 halvings find any mapping.
+    for _ in 0..9 {
+        if lo >= hi {
+            break;
+        }
+        let mid = (lo + hi) / 2;
+        let mapping = &process.mappings[mid & (MAX_UNWIND_MAPPINGS - 1)];
+        if pc < mapping.start {
+            hi = mid;
+        } else if pc >= mapping.end {
+            lo = mid + 1;
+        } else {
+            found = mid;
+            break;
+        }
+    }
+    let Some(mapping) = process.mappings.get(found) else {
+        return Err(UnwindEnd::NoMapping);
+    };
+    if mapping.table == 0 {
+        return Err(UnwindEnd::NoFramePointer);
+    }
+    let Some(range) = UNWIND_TABLES.get(mapping.table) else {
+        return Err(UnwindEnd::TableNotLoaded);
+    };
+    let (first, rows) = (range.first_row, range.rows);
+    if rows == 0 {
+        return Err(UnwindEnd::TableNotLoaded);
+    }
+    let target = pc.wrapping_sub(mapping.bias);
+    if target > u64::from(u32::MAX) {
+        return Err(UnwindEnd::NoFramePointer);
+    }
+    let target = target as u32;
+    let (mut lo, mut hi) = (first, first.saturating_add(rows));
+    if row_at(lo)?.pc > target {
+        return Err(UnwindEnd::NoFramePointer);
+    }
+    // 24 halvings cover the largest table (2^24 rows).
+    for _ in 0..24 {
+        if hi - lo <= 1 {
+            break;
+        }
+        let mid = lo + (hi - lo) / 2;
+        if row_at(mid)?.pc <= target {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    row_at(lo)
+}
+
+#[inline(always)]
+fn row_at(index: u32) -> Result<UnwindRow, UnwindEnd> {
+    let chunk = UNWIND_ROWS
+        .get(index / UNWIND_ROWS_PER_CHUNK as u32)
+        .ok_or(UnwindEnd::TableNotLoaded)?;
+    Ok(chunk.rows[index as usize & (UNWIND_ROWS_PER_CHUNK - 1)])
+}
