@@ -78,6 +78,15 @@ static UNWIND_MODE: Global<u64> = Global::new(unwind_mode::FRAME_POINTERS);
 #[map]
 static SPILLED_SAMPLES: RingBuf = RingBuf::with_byte_size(SPILLED_SAMPLES_BYTES, 0);
 
+/// Adds `amount` to a per-CPU counter (see [`bump`] on why no atomics).
+#[inline(always)]
+pub(crate) fn add(counter: Counter, amount: u64) {
+    if let Some(value) = COUNTERS.get_ptr_mut(counter as u32) {
+        // SAFETY: a valid per-CPU slot; programs do not nest on one CPU.
+        unsafe { *value += amount };
+    }
+}
+
 /// Adds one to a per-CPU counter and returns its previous value. No atomics:
 /// the value is per CPU and tracing programs do not nest on one CPU.
 #[inline(always)]

@@ -22,7 +22,7 @@ use profiler_common::{
     UnwindProcess, UnwindRow, UnwindRowChunk, UnwindTableRange, UnwoundStack, maps::*,
 };
 
-use crate::bump;
+use crate::{add, bump};
 
 #[map]
 static UNWIND_ROWS: Array<UnwindRowChunk> = Array::with_max_entries(DEFAULT_UNWIND_ROW_CHUNKS, 0);
@@ -60,6 +60,10 @@ pub struct Walk {
     sp: u64,
     bp: u64,
     flags: u64,
+    /// Frames taken through a table row / a frame pointer, added to the
+    /// counters once per walk rather than once per frame.
+    table_frames: u64,
+    pointer_frames: u64,
 }
 
 /// What a `bpf_loop` step needs; lives on the sampler's stack.
@@ -87,6 +91,8 @@ pub fn walk_user_stack(ctx: &PerfEventContext, tgid: u32) -> Option<*mut Walk> {
         (*walk).sp = sp;
         (*walk).bp = bp;
         (*walk).flags = EXACT_IP;
+        (*walk).table_frames = 0;
+        (*walk).pointer_frames = 0;
         (*walk).stack.len = 0;
         (*walk).stack.end = UnwindEnd::DepthLimit as u32;
         (*walk).stack.hash = FNV_OFFSET;
@@ -106,6 +112,11 @@ pub fn walk_user_stack(ctx: &PerfEventContext, tgid: u32) -> Option<*mut Walk> {
     let stack = unsafe { &mut (*walk).stack };
     let end = stack.end;
     bump(end_counter(end));
+    // SAFETY: as above.
+    unsafe {
+        add(Counter::UnwindTableFrames, (*walk).table_frames);
+        add(Counter::UnwindFramePointerFrames, (*walk).pointer_frames);
+    }
     stack.hash = (stack.hash ^ u64::from(end)).wrapping_mul(FNV_PRIME);
     Some(walk)
 }
@@ -214,19 +225,32 @@ fn step_frame(walk: &mut Walk, process: *const UnwindProcess) -> Result<(), Unwi
     if cfa <= walk.sp {
         return Err(UnwindEnd::ReadFault);
     }
-    let return_address = read_user(cfa - 8)?;
-    match row.rbp_rule() {
-        r if r == RbpRule::Unchanged as u8 => {}
-        r if r == RbpRule::Offset as u8 => {
-            walk.bp = read_user(cfa.wrapping_add((i64::from(row.rbp_offset) * 8) as u64))?;
-            walk.flags &= !BP_UNKNOWN;
+    let rbp_rule = row.rbp_rule();
+    let return_address = if rbp_rule == RbpRule::Offset as u8 && row.rbp_offset == -2 {
+        // The common prologue (push rbp right after the call): the saved rbp
+        // and the return address are neighbours, one read gets both.
+        let [saved_bp, return_address] =
+            // SAFETY: probe_read checks the address; a fault is an error.
+            unsafe { bpf_probe_read_user((cfa - 16) as *const [u64; 2]) }.map_err(|_| UnwindEnd::ReadFault)?;
+        walk.bp = saved_bp;
+        walk.flags &= !BP_UNKNOWN;
+        return_address
+    } else {
+        let return_address = read_user(cfa - 8)?;
+        match rbp_rule {
+            r if r == RbpRule::Unchanged as u8 => {}
+            r if r == RbpRule::Offset as u8 => {
+                walk.bp = read_user(cfa.wrapping_add((i64::from(row.rbp_offset) * 8) as u64))?;
+                walk.flags &= !BP_UNKNOWN;
+            }
+            _ => walk.flags |= BP_UNKNOWN,
         }
-        _ => walk.flags |= BP_UNKNOWN,
-    }
+        return_address
+    };
     walk.sp = cfa;
     walk.ip = return_address;
     walk.flags &= !EXACT_IP;
-    bump(Counter::UnwindTableFrames);
+    walk.table_frames += 1;
     Ok(())
 }
 
@@ -238,7 +262,7 @@ fn signal_step(walk: &mut Walk) -> Result<(), UnwindEnd> {
     walk.sp = read_user(uc + UC_RSP)?;
     walk.ip = read_user(uc + UC_RIP)?;
     walk.flags = EXACT_IP;
-    bump(Counter::UnwindTableFrames);
+    walk.table_frames += 1;
     Ok(())
 }
 
@@ -266,7 +290,7 @@ fn frame_pointer_step(walk: &mut Walk, missing: UnwindEnd) -> Result<(), UnwindE
     walk.sp = bp + 16;
     walk.ip = return_address;
     walk.flags &= !EXACT_IP;
-    bump(Counter::UnwindFramePointerFrames);
+    walk.pointer_frames += 1;
     Ok(())
 }
 
@@ -315,14 +339,21 @@ fn find_row(process: &UnwindProcess, pc: u64) -> Result<UnwindRow, UnwindEnd> {
     if target > u64::from(u32::MAX) {
         return Err(UnwindEnd::NoFramePointer);
     }
-    let target = target as u32;
+    find_in_table(first, rows, target as u32)
+}
+
+/// The last row of `first..first + rows` whose pc is at most `target`.
+/// Halves across chunks first (a map lookup per probe), then within the one
+/// chunk left (plain loads), which is what makes a probe cheap.
+#[inline(always)]
+fn find_in_table(first: u32, rows: u32, target: u32) -> Result<UnwindRow, UnwindEnd> {
+    const PER_CHUNK: u32 = UNWIND_ROWS_PER_CHUNK as u32;
+    // Invariant: row `lo` starts at or before `target` (checked below for
+    // `first`), and every row from `hi` on starts after it.
     let (mut lo, mut hi) = (first, first.saturating_add(rows));
-    if row_at(lo)?.pc > target {
-        return Err(UnwindEnd::NoFramePointer);
-    }
-    // 24 halvings cover the largest table (2^24 rows).
-    for _ in 0..24 {
-        if hi - lo <= 1 {
+    // 15 halvings bring any table (at most 2^24 rows) within one chunk.
+    for _ in 0..15 {
+        if lo / PER_CHUNK == (hi - 1) / PER_CHUNK {
             break;
         }
         let mid = lo + (hi - lo) / 2;
@@ -332,7 +363,28 @@ fn find_row(process: &UnwindProcess, pc: u64) -> Result<UnwindRow, UnwindEnd> {
             hi = mid;
         }
     }
-    row_at(lo)
+    let chunk = UNWIND_ROWS
+        .get(lo / PER_CHUNK)
+        .ok_or(UnwindEnd::TableNotLoaded)?;
+    let base = lo / PER_CHUNK * PER_CHUNK;
+    let (mut lo, mut hi) = (lo - base, hi - base);
+    if lo == 0 && chunk.rows[0].pc > target {
+        // Before the table's first row: no FDE covers it.
+        return Err(UnwindEnd::NoFramePointer);
+    }
+    // log2(rows per chunk) halvings finish the search.
+    for _ in 0..9 {
+        if hi - lo <= 1 {
+            break;
+        }
+        let mid = lo + (hi - lo) / 2;
+        if chunk.rows[mid as usize & (UNWIND_ROWS_PER_CHUNK - 1)].pc <= target {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    Ok(chunk.rows[lo as usize & (UNWIND_ROWS_PER_CHUNK - 1)])
 }
 
 #[inline(always)]
