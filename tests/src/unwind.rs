@@ -17,8 +17,8 @@ use crate::{
 /// its mappings are over.
 pub const WARM_UP: Duration = Duration::from_secs(2);
 
-/// perf's frequency: a prime, as unlikely as 99 to beat with a workload's
-/// own period, and enough samples for the oracle in a few seconds.
+/// perf's frequency: prime, so it does not beat with the SIGALRM
+/// workload's 1 kHz timer, and ~3,000 samples for the oracle in 6 s.
 pub const PERF_HZ: u32 = 499;
 
 /// What the daemon and perf saw of some processes over one window.
