@@ -115,7 +115,6 @@ fn run_chromium(daemon: &Daemon, name: &str) -> (Stacks, Duration, Peaks) {
                 .extend(Stacks::from_folded(&parse_folded(&response.text())).0);
         }
     }
-    let _ = std::fs::remove_dir_all(&dir);
     (stacks, chromium.cpu_seen(), peaks)
 }
 

@@ -30,16 +30,17 @@ pub fn write_page(dir: &Path, rows: usize) -> PathBuf {
 }
 
 /// A running headless Chromium, in a process group of its own: killed whole
-/// when dropped.
+/// when dropped, and its scratch directory (profile, page) removed.
 pub struct Chromium {
     child: Child,
-    profile: PathBuf,
+    scratch: PathBuf,
     /// Every process seen in its group, and the CPU each was last seen at.
     seen: HashMap<u32, Duration>,
 }
 
 impl Chromium {
-    /// `chromium --dump-dom PAGE`: loads the page, prints it, exits.
+    /// `chromium --dump-dom PAGE`: loads the page, prints it, exits. Its
+    /// profile goes in `scratch`, which is removed when it is dropped.
     pub fn dump_dom(page: &Path, scratch: &Path) -> Self {
         let profile = scratch.join("chromium-profile");
         std::fs::create_dir_all(&profile).expect("a profile directory");
@@ -63,7 +64,7 @@ impl Chromium {
             .unwrap_or_else(|err| panic!("starting {BINARY} (apt-get install chromium): {err}"));
         Self {
             child,
-            profile,
+            scratch: scratch.to_owned(),
             seen: HashMap::new(),
         }
     }
@@ -142,7 +143,7 @@ impl Chromium {
 impl Drop for Chromium {
     fn drop(&mut self) {
         self.kill();
-        let _ = std::fs::remove_dir_all(&self.profile);
+        let _ = std::fs::remove_dir_all(&self.scratch);
     }
 }
 
