@@ -8,6 +8,9 @@
 # Usage (root): bench/run.sh [--duration 20] [--quick] [--tools profilerd,perf,bpftrace,bcc]
 #               [--workloads split,threads,pingpong] [--no-latency] [--no-999] ...
 #        bench/run.sh --help     for every option
+#        bench/run.sh unwind [--quick] [--frequencies 99,999] ...   the unwinding benchmark
+#               (bench/compare/unwind.py: table vs frame-pointer walk vs perf --call-graph dwarf;
+#               bench/run.sh unwind --help for its options)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
@@ -18,9 +21,15 @@ if [ "$(id -u)" -ne 0 ]; then
     exit 1
 fi
 
+script="$root/bench/compare/main.py"
+if [ "${1:-}" = unwind ]; then
+    shift
+    script="$root/bench/compare/unwind.py"
+fi
+
 for arg in "$@"; do
     case "$arg" in
-    -h | --help | --report-only*) exec python3 "$root/bench/compare/main.py" "$@" ;;
+    -h | --help | --report-only*) exec python3 "$script" "$@" ;;
     esac
 done
 
@@ -49,6 +58,7 @@ command -v bpftrace >/dev/null || missing+=(bpftrace)
 command -v perf >/dev/null || missing+=(linux-perf)
 command -v bpftool >/dev/null || missing+=(bpftool)
 command -v cc >/dev/null || missing+=(build-essential)
+command -v g++ >/dev/null || missing+=(g++)
 headers="$(kernel_headers_package || true)"
 [ -n "$headers" ] && missing+=("$headers")
 if [ "${#missing[@]}" -gt 0 ]; then
@@ -64,4 +74,4 @@ if ! build_log="$(cd "$root" && cargo build --release -p profiler-daemon 2>&1)";
     exit 1
 fi
 
-exec python3 "$root/bench/compare/main.py" "$@"
+exec python3 "$script" "$@"

@@ -1,5 +1,6 @@
-//! Compiles the C workloads with frame pointers in every function and tells
-//! the tests where they are.
+//! Compiles the C workloads with frame pointers in every function, the
+//! unwinding workloads without them (see [`no_frame_pointer_workloads`]), and
+//! tells the tests where they are.
 //!
 //! -O0: GCC 12 drops the frame pointer of leaf functions that need no stack
 //! even with -mno-omit-leaf-frame-pointer, which hides their caller from
@@ -56,27 +57,107 @@ fn main() -> anyhow::Result<()> {
         cc(extra, Path::new(&source), &binary)?;
         export(name, &binary);
     }
-    Ok(())
+    no_frame_pointer_workloads(&out)
 }
 
 fn cc(extra: &[&str], source: &Path, output: &Path) -> anyhow::Result<()> {
-    let status = std::process::Command::new("cc")
-        .args(FLAGS)
-        .args(extra)
+    compile("cc", &[FLAGS, extra].concat(), source, output, &[])
+}
+
+/// `COMPILER FLAGS -o OUTPUT SOURCE LINK...`: libraries after the source
+/// that needs them.
+fn compile(
+    compiler: &str,
+    flags: &[&str],
+    source: &Path,
+    output: &Path,
+    link: &[&str],
+) -> anyhow::Result<()> {
+    let status = std::process::Command::new(compiler)
+        .args(flags)
         .arg("-Iworkloads")
         .arg("-o")
         .arg(output)
         .arg(source)
+        .args(link)
         .status()
         .with_context(|| {
             format!(
-                "running cc for {} (is build-essential installed?)",
+                "running {compiler} for {} (are build-essential and g++ installed?)",
                 source.display()
             )
         })?;
     if !status.success() {
-        bail!("cc failed for {}: {status}", source.display());
+        bail!("{compiler} failed for {}: {status}", source.display());
     }
+    Ok(())
+}
+
+/// Optimised code as distributions and release builds ship it: no frame
+/// pointers (libc and libstdc++ have none either). Symbols and line tables
+/// are kept (-g only adds sections: the code is the same).
+const NO_FRAME_POINTER: &[&str] = &["-O2", "-g", "-fomit-frame-pointer"];
+
+/// The workloads of tests/unwinding.rs: stacks that only an unwinder reading
+/// .eh_frame gets whole. Each source says the stack it expects.
+fn no_frame_pointer_workloads(out: &Path) -> anyhow::Result<()> {
+    println!("cargo::rerun-if-changed=workloads/nofp_callback.h");
+    for (name, compiler, source) in [
+        ("cxx_sort", "g++", "workloads/cxx_sort.cpp"),
+        ("sigalrm", "cc", "workloads/sigalrm.c"),
+    ] {
+        println!("cargo::rerun-if-changed={source}");
+        let binary = out.join(name);
+        compile(compiler, NO_FRAME_POINTER, Path::new(source), &binary, &[])?;
+        export(name, &binary);
+    }
+
+    // A frame-pointer binary around a library without them, found through
+    // its run path (no LD_LIBRARY_PATH to pass on).
+    let source = "workloads/nofp_callback.c";
+    println!("cargo::rerun-if-changed={source}");
+    let library = out.join("libnofp_callback.so");
+    let flags = [NO_FRAME_POINTER, &["-fPIC", "-shared"]].concat();
+    compile("cc", &flags, Path::new(source), &library, &[])?;
+    export("nofp_callback", &library);
+    let source = "workloads/fp_callback.c";
+    println!("cargo::rerun-if-changed={source}");
+    let binary = out.join("fp_callback");
+    let flags = [
+        "-O2",
+        "-g",
+        "-fno-omit-frame-pointer",
+        "-mno-omit-leaf-frame-pointer",
+    ];
+    let search = format!("-L{}", out.display());
+    let run_path = format!("-Wl,-rpath,{}", out.display());
+    let link = [search.as_str(), "-lnofp_callback", run_path.as_str()];
+    compile("cc", &flags, Path::new(source), &binary, &link)?;
+    export("fp_callback", &binary);
+
+    rust_without_frame_pointers(out)
+}
+
+/// rustc directly, not a [[bin]]: cargo would give it the workspace's
+/// `force-frame-pointers=yes`. Release optimisation, no frame pointers,
+/// symbols kept.
+fn rust_without_frame_pointers(out: &Path) -> anyhow::Result<()> {
+    let source = "workloads/rust_nofp.rs";
+    println!("cargo::rerun-if-changed={source}");
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".to_owned());
+    let binary = out.join("rust_nofp");
+    let status = std::process::Command::new(&rustc)
+        .args(["--edition", "2024", "-C", "opt-level=3"])
+        .args(["-C", "force-frame-pointers=no", "-C", "debuginfo=1"])
+        .arg("-o")
+        .arg(&binary)
+        .arg(source)
+        .status()
+        .with_context(|| format!("running {rustc} for {source}"))?;
+    if !status.success() {
+        bail!("{rustc} failed for {source}: {status}");
+    }
+    export("rust_nofp", &binary);
     Ok(())
 }
 

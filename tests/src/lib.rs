@@ -2,13 +2,17 @@
 //! what it wrote. Everything here panics with a message saying what was expected.
 
 pub mod attacker;
+pub mod chromium;
 pub mod container;
 pub mod cpu;
 pub mod daemon;
 pub mod elf;
 pub mod elf_mutants;
 pub mod hostile;
+pub mod perf_oracle;
 pub mod rootfs;
+pub mod stacks;
+pub mod unwind;
 
 use std::{
     collections::HashMap,

@@ -1,0 +1,185 @@
+//! What the unwinding tests share: a window in which the daemon and perf
+//! (the oracle) sample the same running workloads, the CPU those workloads
+//! ran in it, and the assertions on the share of stacks that hold a chain.
+
+use std::{collections::HashMap, time::Duration};
+
+use crate::{
+    cpu::{CpuMeter, Expected},
+    daemon::Daemon,
+    elf, parse_folded,
+    perf_oracle::{PerfProfile, PerfRecord},
+    stacks::{Stack, Stacks},
+};
+
+/// How long a workload runs before its window opens: its start-up (the
+/// dynamic loader, which never reaches main) and the daemon's first look at
+/// its mappings are over.
+pub const WARM_UP: Duration = Duration::from_secs(2);
+
+/// perf's frequency: prime, so it does not beat with the SIGALRM
+/// workload's 1 kHz timer, and ~3,000 samples for the oracle in 6 s.
+pub const PERF_HZ: u32 = 499;
+
+/// What the daemon and perf saw of some processes over one window.
+pub struct Window {
+    pub seconds: u64,
+    /// CPU each process ran in the window.
+    pub cpu: HashMap<u32, Duration>,
+    /// The daemon's stacks of each process.
+    pub daemon: HashMap<u32, Stacks>,
+    /// perf's, if it ran.
+    pub perf: Option<PerfProfile>,
+}
+
+impl Window {
+    /// Samples `pids` for `seconds` with the daemon (and perf at [`PERF_HZ`]
+    /// if `oracle`), then reads the daemon's /folded for the same window.
+    pub fn observe(daemon: &Daemon, pids: &[u32], seconds: u64, oracle: bool) -> Self {
+        let meters: Vec<(u32, CpuMeter)> = pids.iter().map(|&pid| (pid, CpuMeter::start(&[pid]))).collect();
+        let perf = if oracle {
+            Some(PerfRecord::start(pids, PERF_HZ, seconds).finish_recording())
+        } else {
+            std::thread::sleep(Duration::from_secs(seconds));
+            None
+        };
+        let cpu = meters
+            .into_iter()
+            .map(|(pid, meter)| (pid, meter.stop()))
+            .collect();
+        let daemon_stacks = pids
+            .iter()
+            .map(|&pid| (pid, daemon_stacks(daemon, pid, seconds)))
+            .collect();
+        Self {
+            seconds,
+            cpu,
+            daemon: daemon_stacks,
+            perf: perf.map(|recorded| recorded.script()),
+        }
+    }
+
+    /// The daemon's stacks of `pid`, after checking that their number is what
+    /// the CPU it ran is worth at `frequency` Hz.
+    pub fn daemon_of(&self, pid: u32, what: &str, frequency: u64) -> &Stacks {
+        let stacks = &self.daemon[&pid];
+        Expected::new(self.cpu[&pid], frequency).check(
+            &format!("{what} (pid {pid}) in the daemon's last {} s", self.seconds),
+            stacks.total(),
+            0.8,
+            100,
+        );
+        stacks
+    }
+
+    /// perf's stacks of `pid`, likewise checked against its CPU time (perf
+    /// attaches a little after the window opens: 0.7).
+    pub fn perf_of(&self, pid: u32, what: &str) -> Stacks {
+        let perf = self.perf.as_ref().expect("this window ran perf");
+        let stacks = perf.of(pid);
+        Expected::new(self.cpu[&pid], u64::from(PERF_HZ)).check(
+            &format!("{what} (pid {pid}) in perf's {} s", self.seconds),
+            stacks.total(),
+            0.7,
+            300,
+        );
+        stacks
+    }
+}
+
+/// The daemon's /folded stacks of `pid` over the last `seconds`.
+pub fn daemon_stacks(daemon: &Daemon, pid: u32, seconds: u64) -> Stacks {
+    let path = format!("/folded?pid={pid}&seconds={seconds}");
+    let response = daemon.get(&path);
+    assert_eq!(response.status, 200, "GET {path}: {}", response.text());
+    Stacks::from_folded(&parse_folded(&response.text()))
+}
+
+/// A share of some samples that must reach a bar.
+pub struct Bar<'a> {
+    /// What is measured, for messages: "samples of cxx_sort".
+    pub what: &'a str,
+    /// The samples it is a share of.
+    pub among: &'a dyn Fn(&Stack) -> bool,
+    /// The chain (root first) the stacks must hold.
+    pub chain: &'a [&'a str],
+    pub min_percent: f64,
+}
+
+impl Bar<'_> {
+    /// The share of [`Self::among`] samples holding the chain, and how many
+    /// samples that is a share of.
+    pub fn measure(&self, stacks: &Stacks) -> (f64, u64) {
+        let among = stacks.filter(self.among);
+        let chain = self.chain;
+        (among.share(|stack| stack.has_chain(chain)), among.total())
+    }
+
+    /// Panics unless the oracle's stacks reach the bar: if perf cannot unwind
+    /// the workload as expected, the workload is wrong, not the daemon.
+    pub fn check_oracle(&self, perf: &Stacks) {
+        self.check_as(
+            perf,
+            "perf --call-graph dwarf (the oracle: the workload itself is wrong)",
+        );
+    }
+
+    pub fn check_daemon(&self, daemon: &Stacks) {
+        self.check_as(daemon, "profilerd");
+    }
+
+    fn check_as(&self, stacks: &Stacks, source: &str) {
+        let (share, total) = self.measure(stacks);
+        eprintln!(
+            "{source}: {share:.2}% of {total} {} hold {} ({:.2}% of all its samples reach main)",
+            self.what,
+            self.chain.join(" -> "),
+            stacks.reaching_main()
+        );
+        // A handful is no measure of a percentage.
+        assert!(
+            total >= 50,
+            "{source}: only {total} {} to measure (at least 50 needed); stacks:\n{}",
+            self.what,
+            stacks.offending(|_| false, 8)
+        );
+        let chain = self.chain;
+        let among = stacks.filter(self.among);
+        assert!(
+            share >= self.min_percent,
+            "{source}: expected >= {}% of {} to hold {} (root first), got {share:.2}% of {total}; \
+             the most frequent stacks without it:\n{}",
+            self.min_percent,
+            self.what,
+            chain.join(" -> "),
+            among.offending(|stack| stack.has_chain(chain), 8)
+        );
+    }
+}
+
+/// Whether the code of `function` in `binary` sets up a frame pointer: it
+/// moves %rsp to %rbp among its first instructions (GCC schedules others
+/// around the `push %rbp`).
+pub fn sets_up_frame_pointer(binary: &str, function: &str) -> bool {
+    const PROLOGUE: usize = 32;
+    let image = std::fs::read(binary).unwrap_or_else(|err| panic!("reading {binary}: {err}"));
+    let at = elf::function_file_offset(&image, function) as usize;
+    let code = image
+        .get(at..at + PROLOGUE)
+        .unwrap_or_else(|| panic!("{function} at {at:#x} in {binary}"));
+    let mov_rsp_rbp = [0x48, 0x89, 0xe5];
+    code.windows(3).any(|bytes| bytes == mov_rsp_rbp)
+}
+
+/// Panics unless every function in `functions` of `binary` is built as the
+/// test needs it: with a frame pointer or without.
+pub fn assert_frame_pointers(binary: &str, functions: &[&str], with: bool) {
+    for function in functions {
+        assert_eq!(
+            sets_up_frame_pointer(binary, function),
+            with,
+            "{function} in {binary} should be built {} a frame pointer (tests/build.rs)",
+            if with { "with" } else { "without" }
+        );
+    }
+}
