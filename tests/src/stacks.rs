@@ -240,9 +240,11 @@ pub fn canonical(name: &str) -> String {
     // glibc's internal aliases: the debug info names `__GI___clock_gettime`
     // what the symbol table calls `__clock_gettime`, and the memcpy
     // variants are aliases of the memmove ones at the same address (either
-    // name may be picked).
+    // name may be picked); the symbol table's `__libc_start_main` is the
+    // debug info's `__libc_start_main_impl`.
     let base = base.trim_start_matches('_');
     let base = base.strip_prefix("GI_").unwrap_or(base).trim_start_matches('_');
+    let base = base.strip_suffix("_impl").unwrap_or(base);
     match base.strip_prefix("memcpy_") {
         Some(variant) => format!("memmove_{variant}"),
         None => base.to_owned(),

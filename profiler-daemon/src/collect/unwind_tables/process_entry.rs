@@ -18,16 +18,23 @@ const PAGE: u64 = 4096;
 /// Runtime address minus ELF virtual address for a mapping of `offset` at
 /// `start`: the segment holding that file offset says which vaddr it is.
 /// Segments need not start on a page; their mappings do, and a segment's
-/// vaddr and offset agree modulo the page size.
+/// vaddr and offset agree modulo the page size. When a page holds the end of
+/// one segment and the start of the next (lld packs them so), the mapping
+/// is of the later one: an executable mapping starts where the text does.
 pub fn load_bias(start: u64, offset: u64, segments: &[LoadSegment]) -> Option<u64> {
-    segments.iter().find_map(|segment| {
-        let aligned_offset = segment.file_offset & !(PAGE - 1);
-        let end = segment.file_offset.checked_add(segment.file_size)?;
-        (aligned_offset <= offset && offset < end).then(|| {
-            let vaddr = (segment.vaddr & !(PAGE - 1)).wrapping_add(offset - aligned_offset);
-            start.wrapping_sub(vaddr)
+    let segment = segments
+        .iter()
+        .filter(|segment| {
+            let aligned_offset = segment.file_offset & !(PAGE - 1);
+            segment
+                .file_offset
+                .checked_add(segment.file_size)
+                .is_some_and(|end| aligned_offset <= offset && offset < end)
         })
-    })
+        .max_by_key(|segment| segment.file_offset)?;
+    let aligned_offset = segment.file_offset & !(PAGE - 1);
+    let vaddr = (segment.vaddr & !(PAGE - 1)).wrapping_add(offset - aligned_offset);
+    Some(start.wrapping_sub(vaddr))
 }
 
 /// The entry for `mappings` (sorted by start, as snapshots are); `table_of`
@@ -91,6 +98,26 @@ mod tests {
         ];
         let base = 0x7f00_0000_0000;
         assert_eq!(load_bias(base + 0x26000, 0x26000, &segments), Some(base));
+    }
+
+    #[test]
+    fn a_page_shared_by_two_segments_maps_the_later_one() {
+        // lld: rodata ends at 0x182a8 and text starts at offset 0x182b0 with
+        // vaddr 0x192b0; the text mapping is offset 0x18000 at base + 0x19000.
+        let segments = [
+            LoadSegment {
+                file_offset: 0,
+                vaddr: 0,
+                file_size: 0x182a8,
+            },
+            LoadSegment {
+                file_offset: 0x182b0,
+                vaddr: 0x192b0,
+                file_size: 0x3f290,
+            },
+        ];
+        let base = 0x5555_5555_0000;
+        assert_eq!(load_bias(base + 0x19000, 0x18000, &segments), Some(base));
     }
 
     #[test]
