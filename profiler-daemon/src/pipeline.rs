@@ -4,7 +4,6 @@
 //! threads; the store is a tokio task; they talk over channels only.
 
 use std::{
-    collections::HashMap,
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -20,7 +19,7 @@ use crate::{
     collect::{
         BpfCounters, CollectError, Drainer, MapSizes, OpenFileStats, OpenFiles, ProcessNotice,
         ProcessWatcher, RawBatch, Sampler, SamplerOptions, SnapshotReader, WatcherStats,
-        unwind_tables::{TableManager, UnwindInput, UnwindStats},
+        unwind_tables::{SampledStacks, TableManager, UnwindInput, UnwindStats},
     },
     store::{self, Store, StoreConfig, StoreHandle},
     symbolize::{
@@ -303,7 +302,6 @@ fn drain_loop(
     status: &watch::Sender<PipelineStatus>,
 ) {
     let mut next = Instant::now() + interval;
-    let mut per_process: HashMap<u32, u64> = HashMap::new();
     loop {
         let mut acks = Vec::new();
         let mut stop = false;
@@ -336,15 +334,15 @@ fn drain_loop(
                     status.last_drain_at = Some(drained_at);
                 });
                 if let Some((unwind_tx, stats)) = &unwind {
-                    per_process.clear();
-                    for sample in &batch.samples {
-                        *per_process.entry(sample.key.tgid).or_default() += sample.count;
-                    }
-                    offer(
-                        unwind_tx,
-                        UnwindInput::Sampled(per_process.drain().collect()),
-                        stats,
-                    );
+                    let sampled = SampledStacks {
+                        samples: batch
+                            .samples
+                            .iter()
+                            .map(|sample| (sample.key.tgid, sample.count, sample.key.user_stack_id))
+                            .collect(),
+                        stacks: batch.user_stacks.clone(),
+                    };
+                    offer(unwind_tx, UnwindInput::Sampled(sampled), stats);
                 }
                 let input = SymbolizeInput::Batch {
                     batch: Box::new(batch),

@@ -363,9 +363,7 @@ fn find_in_table(first: u32, rows: u32, target: u32) -> Result<UnwindRow, Unwind
             hi = mid;
         }
     }
-    let chunk = UNWIND_ROWS
-        .get(lo / PER_CHUNK)
-        .ok_or(UnwindEnd::TableNotLoaded)?;
+    let chunk = UNWIND_ROWS.get(lo / PER_CHUNK).ok_or(UnwindEnd::TableNotLoaded)?;
     let base = lo / PER_CHUNK * PER_CHUNK;
     let (mut lo, mut hi) = (lo - base, hi - base);
     if lo == 0 && chunk.rows[0].pc > target {

@@ -6,7 +6,7 @@
 //! buffer alone: it reads every count and stack and deletes them, so stack ids
 //! are reclaimed each cycle and the maps never fill up with stale entries.
 
-use std::{collections::HashMap as StdHashMap, time::Duration};
+use std::{collections::HashMap as StdHashMap, sync::Arc, time::Duration};
 
 use aya::maps::{Array, HashMap, MapData, MapError, PerCpuArray, RingBuf, StackTraceMap};
 use profiler_common::{
@@ -54,8 +54,8 @@ impl BpfCounters {
 pub struct RawBatch {
     pub samples: Vec<RawSample>,
     /// Stack id -> instruction pointers, leaf first.
-    pub user_stacks: StdHashMap<u32, Box<[u64]>>,
-    pub kernel_stacks: StdHashMap<u32, Box<[u64]>>,
+    pub user_stacks: StdHashMap<u32, Arc<[u64]>>,
+    pub kernel_stacks: StdHashMap<u32, Arc<[u64]>>,
     pub counters: BpfCounters,
     /// Map read errors skipped during this drain.
     pub read_errors: u64,
@@ -161,7 +161,7 @@ impl Drainer {
     /// fresh stack ids above the stack maps' range.
     fn drain_spilled(&mut self, batch: &mut RawBatch) {
         let mut next_id = SPILLED_STACK_ID_BASE;
-        let mut stack_id = |len: i32, frames: &[u64], stacks: &mut StdHashMap<u32, Box<[u64]>>| -> i32 {
+        let mut stack_id = |len: i32, frames: &[u64], stacks: &mut StdHashMap<u32, Arc<[u64]>>| -> i32 {
             let Ok(len) = usize::try_from(len) else {
                 return len;
             };
@@ -215,7 +215,7 @@ impl Drainer {
 fn drain_stacks(
     map: &mut StackTraceMap<MapData>,
     ids: &mut Vec<u32>,
-    out: &mut StdHashMap<u32, Box<[u64]>>,
+    out: &mut StdHashMap<u32, Arc<[u64]>>,
 ) -> u64 {
     let mut errors = 0;
     ids.clear();
@@ -240,7 +240,7 @@ fn drain_stacks(
 fn drain_unwound(
     map: &mut HashMap<MapData, u32, UnwoundStack>,
     ids: &mut Vec<u32>,
-    out: &mut StdHashMap<u32, Box<[u64]>>,
+    out: &mut StdHashMap<u32, Arc<[u64]>>,
 ) -> u64 {
     let mut errors = 0;
     ids.clear();

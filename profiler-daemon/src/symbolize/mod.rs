@@ -186,7 +186,7 @@ impl Symbolizer {
     }
 }
 
-fn stack_of(stacks: &HashMap<u32, Box<[u64]>>, id: i32) -> Option<&[u64]> {
+fn stack_of(stacks: &HashMap<u32, Arc<[u64]>>, id: i32) -> Option<&[u64]> {
     u32::try_from(id)
         .ok()
         .and_then(|id| stacks.get(&id))

@@ -10,24 +10,26 @@
 //! whose tables are not loaded (yet, or any more) is still walked, with
 //! frame pointers.
 
+mod placement;
 mod process_entry;
 mod space;
+mod stats;
+mod usage;
 
 use std::{
     collections::{HashMap, HashSet},
-    sync::{
-        Arc,
-        atomic::{AtomicU64, Ordering},
-        mpsc,
-    },
+    sync::{Arc, atomic::Ordering, mpsc},
     time::{Duration, Instant},
 };
 
-use profiler_common::{UNWIND_ROWS_PER_CHUNK, UnwindRow, UnwindRowChunk, UnwindTableRange, maps};
+use profiler_common::{UNWIND_ROWS_PER_CHUNK, UnwindRow, UnwindTableRange, maps};
 
 use super::{FileKey, FileVersion, MappedFile, ProcessSnapshot, UnwindMaps};
 pub use process_entry::{LoadSegment, load_bias};
 use space::RowSpace;
+pub use stats::UnwindStats;
+pub use usage::SampledStacks;
+use usage::Usage;
 
 /// A file's table as the worker compiled it.
 #[derive(Debug, Default)]
@@ -51,44 +53,16 @@ pub enum UnwindInput {
     Exited {
         pid: u32,
     },
-    /// Samples per process in the last drain: recency and priority.
-    Sampled(Vec<(u32, u64)>),
+    /// What the last drain sampled: which tables are useful.
+    Sampled(SampledStacks),
 }
 
-/// Counters and gauges for /metrics.
-#[derive(Debug, Default)]
-pub struct UnwindStats {
-    pub tables_loaded: AtomicU64,
-    pub table_failures: AtomicU64,
-    pub evictions: AtomicU64,
-    /// Tables larger than the whole rows map.
-    pub too_large: AtomicU64,
-    pub compiles: AtomicU64,
-    pub compile_ns: AtomicU64,
-    pub rows_loaded: AtomicU64,
-    pub chunks_used: AtomicU64,
-    pub chunks_total: AtomicU64,
-    pub processes: AtomicU64,
-    /// Inputs dropped because the manager fell behind (those processes get
-    /// frame-pointer stacks until their next snapshot).
-    pub inputs_dropped: AtomicU64,
-    pub map_errors: AtomicU64,
-}
+/// A table that was evicted, or found no room, is not tried again sooner
+/// than this: each try costs a compile.
+const RELOAD_PAUSE: Duration = Duration::from_secs(3);
 
-impl UnwindStats {
-    pub fn bytes_used(&self) -> u64 {
-        self.chunks_used.load(Ordering::Relaxed) * size_of::<UnwindRowChunk>() as u64
-    }
-
-    pub fn bytes_max(&self) -> u64 {
-        self.chunks_total.load(Ordering::Relaxed) * size_of::<UnwindRowChunk>() as u64
-    }
-}
-
-/// An evicted table is not reloaded sooner than this: two busy processes
-/// whose tables do not fit together must not take turns evicting each other
-/// at every drain.
-const RELOAD_PAUSE: Duration = Duration::from_secs(10);
+/// Usage entries of files without a table are dropped once below this.
+const FORGOTTEN: f64 = 1e-3;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct FileId {
@@ -117,8 +91,6 @@ struct FileTable {
     segments: Vec<LoadSegment>,
     state: TableState,
     path: Arc<str>,
-    /// Drain number when a process mapping it was last sampled.
-    last_sampled: u64,
 }
 
 #[derive(Debug)]
@@ -138,6 +110,7 @@ pub struct TableManager<C> {
     free_ids: Vec<u32>,
     next_id: u32,
     processes: HashMap<u32, ProcessTables>,
+    usage: HashMap<FileId, Usage>,
     drains: u64,
     stats: Arc<UnwindStats>,
 }
@@ -155,6 +128,7 @@ impl<C: TableCompiler> TableManager<C> {
             free_ids: Vec::new(),
             next_id: 1,
             processes: HashMap::new(),
+            usage: HashMap::new(),
             drains: 0,
             stats,
         }
@@ -209,33 +183,68 @@ impl<C: TableCompiler> TableManager<C> {
                 // process whose entry was written after that.
                 let _ = self.maps.processes.remove(&pid);
             }
-            UnwindInput::Sampled(samples) => {
-                self.drains += 1;
-                for (pid, count) in samples {
-                    let Some(process) = self.processes.get_mut(&pid) else {
-                        continue;
-                    };
-                    process.samples = count;
-                    for mapping in &process.snapshot.mappings {
-                        let Some(file) = &mapping.file else { continue };
-                        let id = FileId {
-                            key: file.key,
-                            version: file.version,
-                        };
-                        if let Some(table) = self.files.get_mut(&id) {
-                            table.last_sampled = self.drains;
-                            if matches!(table.state, TableState::Evicted { at } if at.elapsed() >= RELOAD_PAUSE)
-                            {
-                                process.pending = true;
-                            }
-                        }
-                    }
-                }
-            }
+            UnwindInput::Sampled(sampled) => self.sampled(&sampled),
         }
         self.stats
             .processes
             .store(self.processes.len() as u64, Ordering::Relaxed);
+    }
+
+    /// Takes in a drain's samples: each file's usage, each process's
+    /// priority, and which evicted tables to try again.
+    fn sampled(&mut self, sampled: &SampledStacks) {
+        self.drains += 1;
+        let per_file = usage::attribute(sampled, |tgid, pc| {
+            let mappings = &self.processes.get(&tgid)?.snapshot.mappings;
+            let index = mappings
+                .partition_point(|mapping| mapping.start <= pc)
+                .checked_sub(1)?;
+            let mapping = &mappings[index];
+            let file = mapping.file.as_ref().filter(|_| pc < mapping.end)?;
+            Some(FileId {
+                key: file.key,
+                version: file.version,
+            })
+        });
+        for (file, samples) in per_file {
+            self.usage
+                .entry(file)
+                .or_default()
+                .add(self.drains, samples as f64);
+        }
+        let mut per_process: HashMap<u32, u64> = HashMap::new();
+        for &(tgid, count, _) in &sampled.samples {
+            *per_process.entry(tgid).or_default() += count;
+        }
+        for (pid, count) in per_process {
+            let Some(process) = self.processes.get_mut(&pid) else {
+                continue;
+            };
+            process.samples = count;
+            let retry = process
+                .snapshot
+                .mappings
+                .iter()
+                .filter_map(|m| m.file.as_ref())
+                .any(|file| {
+                    let id = FileId {
+                        key: file.key,
+                        version: file.version,
+                    };
+                    matches!(self.files.get(&id).map(|table| &table.state),
+                    Some(TableState::Evicted { at }) if at.elapsed() >= RELOAD_PAUSE)
+                });
+            process.pending |= retry;
+        }
+        if self.drains.is_multiple_of(64) {
+            let (drains, files) = (self.drains, &self.files);
+            self.usage
+                .retain(|id, usage| files.contains_key(id) || usage.at(drains) >= FORGOTTEN);
+        }
+    }
+
+    fn usage_of(&self, id: &FileId) -> f64 {
+        self.usage.get(id).map_or(0.0, |usage| usage.at(self.drains))
     }
 
     fn most_sampled_pending(&self) -> Option<u32> {
@@ -254,6 +263,7 @@ impl<C: TableCompiler> TableManager<C> {
         };
         process.pending = false;
         let instance = process.instance;
+        let process_samples = process.samples as f64;
         let mappings = process.snapshot.mappings.clone();
         let mut protected = HashSet::new();
         for mapping in &mappings {
@@ -269,10 +279,9 @@ impl<C: TableCompiler> TableManager<C> {
                 Some(_) => false,
             };
             if needs_load {
-                self.load_file(id, file, &mapping.path, &protected);
-            }
-            if let Some(table) = self.files.get_mut(&id) {
-                table.last_sampled = self.drains;
+                // A new file has no usage yet: its process's samples stand in.
+                let worth = self.usage_of(&id).max(process_samples);
+                self.load_file(id, file, &mapping.path, &protected, worth);
             }
         }
         // The process may have exec'd meanwhile: only write what is current.
@@ -301,6 +310,7 @@ impl<C: TableCompiler> TableManager<C> {
         file: &Arc<MappedFile>,
         path: &Arc<str>,
         protected: &HashSet<FileId>,
+        worth: f64,
     ) {
         self.stats.compiles.fetch_add(1, Ordering::Relaxed);
         let compiled = self.compiler.compile(file);
@@ -309,7 +319,16 @@ impl<C: TableCompiler> TableManager<C> {
                 self.stats
                     .compile_ns
                     .fetch_add(compiled.compile_time.as_nanos() as u64, Ordering::Relaxed);
-                let state = self.place(&compiled.rows, protected, path);
+                let state = self.place(&compiled.rows, protected, path, worth);
+                if matches!(state, TableState::Loaded { .. }) {
+                    // Until its own samples are counted, a table is worth
+                    // what got it loaded: a newcomer as useful cannot evict it.
+                    let usage = self.usage.entry(id).or_default();
+                    if usage.at(self.drains) < worth {
+                        *usage = Usage::default();
+                        usage.add(self.drains, worth);
+                    }
+                }
                 (compiled, state)
             }
             Err(err) => {
@@ -357,7 +376,6 @@ impl<C: TableCompiler> TableManager<C> {
                 segments: compiled.segments,
                 state,
                 path: path.clone(),
-                last_sampled: self.drains,
             },
         );
     }
@@ -370,118 +388,8 @@ impl<C: TableCompiler> TableManager<C> {
                 segments: Vec::new(),
                 state: TableState::Unavailable,
                 path: path.clone(),
-                last_sampled: self.drains,
             },
         );
-    }
-
-    fn allocate_id(&mut self) -> Option<u32> {
-        if let Some(id) = self.free_ids.pop() {
-            return Some(id);
-        }
-        (self.next_id < self.maps.tables.len()).then(|| {
-            self.next_id += 1;
-            self.next_id - 1
-        })
-    }
-
-    /// Writes `rows` into free chunks, evicting the least recently sampled
-    /// tables (not the ones in `protected`) until they fit.
-    fn place(&mut self, rows: &[UnwindRow], protected: &HashSet<FileId>, path: &str) -> TableState {
-        let chunks = rows.len().div_ceil(UNWIND_ROWS_PER_CHUNK);
-        let (Ok(chunks), Ok(row_count)) = (u32::try_from(chunks), u32::try_from(rows.len())) else {
-            return TableState::Unavailable;
-        };
-        if chunks == 0 {
-            return TableState::Unavailable;
-        }
-        if chunks > self.space.total() {
-            self.stats.too_large.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(
-                path,
-                rows = rows.len(),
-                limit_mb = self.stats.bytes_max() >> 20,
-                "unwind table larger than unwind_table_memory_mb: frame pointers only for this file"
-            );
-            return TableState::Unavailable;
-        }
-        let first_chunk = loop {
-            if let Some(first) = self.space.allocate(chunks) {
-                break first;
-            }
-            if !self.evict_one(protected) {
-                return TableState::Evicted { at: Instant::now() };
-            }
-        };
-        let mut chunk = Box::new(UnwindRowChunk {
-            rows: [UnwindRow::default(); UNWIND_ROWS_PER_CHUNK],
-        });
-        for (index, part) in rows.chunks(UNWIND_ROWS_PER_CHUNK).enumerate() {
-            chunk.rows[..part.len()].copy_from_slice(part);
-            chunk.rows[part.len()..].fill(UnwindRow::default());
-            if let Err(err) = self.maps.rows.set(first_chunk + index as u32, &*chunk, 0) {
-                self.stats.map_errors.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!("writing {}: {err}", maps::UNWIND_ROWS);
-                self.space.release(first_chunk, chunks);
-                return TableState::Unavailable;
-            }
-        }
-        self.stats
-            .chunks_used
-            .fetch_add(u64::from(chunks), Ordering::Relaxed);
-        self.stats
-            .rows_loaded
-            .fetch_add(u64::from(row_count), Ordering::Relaxed);
-        TableState::Loaded {
-            first_chunk,
-            chunks,
-            rows: row_count,
-        }
-    }
-
-    /// Evicts the least recently sampled loaded table outside `protected`.
-    fn evict_one(&mut self, protected: &HashSet<FileId>) -> bool {
-        let victim = self
-            .files
-            .iter()
-            .filter(|(id, table)| {
-                matches!(table.state, TableState::Loaded { .. }) && !protected.contains(*id)
-            })
-            .min_by_key(|(_, table)| table.last_sampled)
-            .map(|(id, _)| *id);
-        let Some(victim) = victim else {
-            return false;
-        };
-        let Some(table) = self.files.get_mut(&victim) else {
-            return false;
-        };
-        // The sampler stops using the rows before they are reused.
-        if let Err(err) = self.maps.tables.set(table.id, &UnwindTableRange::default(), 0) {
-            self.stats.map_errors.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!("clearing {}: {err}", maps::UNWIND_TABLES);
-        }
-        let state = std::mem::replace(&mut table.state, TableState::Evicted { at: Instant::now() });
-        tracing::debug!(path = %table.path, "unwind table evicted");
-        self.release(&state);
-        self.stats.evictions.fetch_add(1, Ordering::Relaxed);
-        true
-    }
-
-    fn release(&mut self, state: &TableState) {
-        if let TableState::Loaded {
-            first_chunk,
-            chunks,
-            rows,
-        } = *state
-        {
-            self.space.release(first_chunk, chunks);
-            self.stats
-                .chunks_used
-                .fetch_sub(u64::from(chunks), Ordering::Relaxed);
-            self.stats
-                .rows_loaded
-                .fetch_sub(u64::from(rows), Ordering::Relaxed);
-        }
     }
 }
 
