@@ -64,6 +64,8 @@ pub struct Walk {
     /// counters once per walk rather than once per frame.
     table_frames: u64,
     pointer_frames: u64,
+    /// Index of the mapping the previous frame was in.
+    mapping_hint: u64,
 }
 
 /// What a `bpf_loop` step needs; lives on the sampler's stack.
@@ -93,6 +95,7 @@ pub fn walk_user_stack(ctx: &PerfEventContext, tgid: u32) -> Option<*mut Walk> {
         (*walk).flags = EXACT_IP;
         (*walk).table_frames = 0;
         (*walk).pointer_frames = 0;
+        (*walk).mapping_hint = 0;
         (*walk).stack.len = 0;
         (*walk).stack.end = UnwindEnd::DepthLimit as u32;
         (*walk).stack.hash = FNV_OFFSET;
@@ -102,7 +105,7 @@ pub fn walk_user_stack(ctx: &PerfEventContext, tgid: u32) -> Option<*mut Walk> {
     // context is on this stack and outlives the call.
     unsafe {
         bpf_loop(
-            MAX_STACK_DEPTH as u32,
+            MAX_STACK_DEPTH.div_ceil(2) as u32 + 1,
             step as *mut c_void,
             (&mut step_context as *mut StepContext).cast(),
             0,
@@ -168,7 +171,9 @@ extern "C" fn step(_index: u64, context: *mut c_void) -> i64 {
         let context = &*(context as *const StepContext);
         (&mut *context.walk, context.process)
     };
-    match step_frame(walk, process) {
+    // Two frames per iteration: the loop's callback is an indirect call
+    // (a retpoline on this kind of machine), worth amortizing.
+    match step_frame(walk, process).and_then(|()| step_frame(walk, process)) {
         Ok(()) => 0,
         Err(end) => {
             walk.stack.end = end as u32;
@@ -197,7 +202,7 @@ fn step_frame(walk: &mut Walk, process: *const UnwindProcess) -> Result<(), Unwi
     }
     // SAFETY: a non-null `process` is a value of UNWIND_PROCESSES, valid for
     // the program's run (RCU keeps a deleted element alive until it ends).
-    let row = match find_row(unsafe { &*process }, lookup) {
+    let row = match find_row(unsafe { &*process }, lookup, &mut walk.mapping_hint) {
         Ok(row) => row,
         Err(missing) => return frame_pointer_step(walk, missing),
     };
@@ -226,15 +231,24 @@ fn step_frame(walk: &mut Walk, process: *const UnwindProcess) -> Result<(), Unwi
         return Err(UnwindEnd::ReadFault);
     }
     let rbp_rule = row.rbp_rule();
-    let return_address = if rbp_rule == RbpRule::Offset as u8 && row.rbp_offset == -2 {
-        // The common prologue (push rbp right after the call): the saved rbp
-        // and the return address are neighbours, one read gets both.
-        let [saved_bp, return_address] =
-            // SAFETY: probe_read checks the address; a fault is an error.
-            unsafe { bpf_probe_read_user((cfa - 16) as *const [u64; 2]) }.map_err(|_| UnwindEnd::ReadFault)?;
-        walk.bp = saved_bp;
-        walk.flags &= !BP_UNKNOWN;
-        return_address
+    let return_address = if rbp_rule == RbpRule::Offset as u8 && (-8..=-2).contains(&row.rbp_offset) {
+        // Callee-saved pushes sit right below the return address: one read
+        // of the 64 bytes under the CFA gets both (a read costs the same for
+        // 8 bytes or 64); two reads if the window crosses into nothing.
+        let slot = (row.rbp_offset + 8) as usize;
+        // SAFETY: probe_read checks the address; a fault is an error.
+        match unsafe { bpf_probe_read_user((cfa - 64) as *const [u64; 8]) } {
+            Ok(window) => {
+                walk.bp = window[slot & 7];
+                walk.flags &= !BP_UNKNOWN;
+                window[7]
+            }
+            Err(_) => {
+                walk.bp = read_user(cfa.wrapping_add((i64::from(row.rbp_offset) * 8) as u64))?;
+                walk.flags &= !BP_UNKNOWN;
+                read_user(cfa - 8)?
+            }
+        }
     } else {
         let return_address = read_user(cfa - 8)?;
         match rbp_rule {
@@ -302,10 +316,17 @@ fn read_user(address: u64) -> Result<u64, UnwindEnd> {
 
 /// The row for `pc`, or why there is none.
 #[inline(always)]
-fn find_row(process: &UnwindProcess, pc: u64) -> Result<UnwindRow, UnwindEnd> {
+fn find_row(process: &UnwindProcess, pc: u64, hint: &mut u64) -> Result<UnwindRow, UnwindEnd> {
     let count = process.count as usize;
     let (mut lo, mut hi) = (0usize, count.min(MAX_UNWIND_MAPPINGS));
     let mut found = MAX_UNWIND_MAPPINGS;
+    // Callers are mostly in the same file as their callee: try its mapping first.
+    let last = *hint as usize & (MAX_UNWIND_MAPPINGS - 1);
+    let cached = &process.mappings[last];
+    if last < hi && cached.start <= pc && pc < cached.end {
+        found = last;
+        hi = 0;
+    }
     // log2(MAX_UNWIND_MAPPINGS) + 1 halvings find any mapping.
     for _ in 0..9 {
         if lo >= hi {
@@ -325,6 +346,7 @@ fn find_row(process: &UnwindProcess, pc: u64) -> Result<UnwindRow, UnwindEnd> {
     let Some(mapping) = process.mappings.get(found) else {
         return Err(UnwindEnd::NoMapping);
     };
+    *hint = found as u64;
     if mapping.table == 0 {
         return Err(UnwindEnd::NoFramePointer);
     }

@@ -72,7 +72,10 @@ mod tests {
         assert_eq!(usage.at(12), 2.0);
         usage.add(12, 1.0);
         assert_eq!(usage.at(13), 1.5);
-        assert!(usage.at(u64::MAX) < 1e-300, "no overflow however long it was idle");
+        assert!(
+            usage.at(u64::MAX) < 1e-300,
+            "no overflow however long it was idle"
+        );
     }
 
     #[test]
