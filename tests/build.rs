@@ -105,6 +105,7 @@ fn no_frame_pointer_workloads(out: &Path) -> anyhow::Result<()> {
     for (name, compiler, source) in [
         ("cxx_sort", "g++", "workloads/cxx_sort.cpp"),
         ("sigalrm", "cc", "workloads/sigalrm.c"),
+        ("deep_recursion", "cc", "workloads/deep_recursion.c"),
     ] {
         println!("cargo::rerun-if-changed={source}");
         let binary = out.join(name);

@@ -9,6 +9,7 @@ use std::time::Duration;
 use profilerd_tests::{
     Workload,
     daemon::Daemon,
+    hostile::metric_sum,
     serial,
     stacks::{Stack, Stacks, disagreements, side_by_side},
     unwind::{Bar, WARM_UP, Window, assert_frame_pointers, daemon_stacks},
@@ -200,5 +201,46 @@ fn frame_pointers_mode_does_not_unwind_code_without_frame_pointers() {
          {whole:.1}% of {} samples were:\n{}",
         stacks.total(),
         stacks.offending(|_| false, 5)
+    );
+}
+
+#[test]
+fn a_stack_deeper_than_the_limit_is_kept_with_the_frames_found() {
+    let _serial = serial();
+    let daemon = Daemon::start(&[]);
+    let workload = Workload::spawn(env!("WORKLOAD_DEEP_RECURSION"), &[FOREVER]);
+    std::thread::sleep(WARM_UP);
+    let before = daemon.get("/metrics").text();
+    std::thread::sleep(Duration::from_secs(WINDOW));
+    let after = daemon.get("/metrics").text();
+    let stacks = daemon_stacks(&daemon, workload.pid(), WINDOW);
+    assert!(
+        stacks.total() >= 50,
+        "expected deep_recursion to be sampled, got {} samples",
+        stacks.total()
+    );
+    // 127 frames kept: the leaf (or a clock read under it) and ~126 descend.
+    let deep = |stack: &Stack| {
+        let descents = stack.frames.iter().filter(|frame| *frame == "descend").count();
+        (120..=127).contains(&descents) && stack.frames.len() <= 127
+    };
+    let share = stacks.share(deep);
+    assert!(
+        share >= 95.0,
+        "expected >= 95% of deep_recursion's stacks to hold the deepest 127 frames (120+ descend), \
+         got {share:.1}%:\n{}",
+        stacks.offending(deep, 5)
+    );
+    assert_eq!(
+        stacks.reaching_main(),
+        0.0,
+        "main is 300 frames down: no stack can reach it"
+    );
+    let series = "profilerd_unwind_walks_total{end=\"depth_limit\"}";
+    let grown = metric_sum(&after, series).unwrap_or(0.0) - metric_sum(&before, series).unwrap_or(0.0);
+    assert!(
+        grown >= stacks.total() as f64 * 0.8,
+        "each truncated walk should be counted under {series}: +{grown} for {} samples",
+        stacks.total()
     );
 }

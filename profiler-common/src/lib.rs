@@ -427,6 +427,7 @@ pub mod maps {
     pub const THREAD_TIMES: &str = "THREAD_TIMES";
     pub const UNWOUND_STACKS: [&str; 2] = ["UNWOUND_STACKS_0", "UNWOUND_STACKS_1"];
     pub const UNWIND_ROWS: &str = "UNWIND_ROWS";
+    pub const UNWIND_CHUNK_PCS: &str = "UNWIND_CHUNK_PCS";
     pub const UNWIND_TABLES: &str = "UNWIND_TABLES";
     pub const UNWIND_PROCESSES: &str = "UNWIND_PROCESSES";
     pub const UNWIND_SCRATCH: &str = "UNWIND_SCRATCH";

@@ -26,6 +26,9 @@ use crate::{add, bump};
 
 #[map]
 static UNWIND_ROWS: Array<UnwindRowChunk> = Array::with_max_entries(DEFAULT_UNWIND_ROW_CHUNKS, 0);
+/// The first pc of each chunk of UNWIND_ROWS, for the first halvings.
+#[map]
+static UNWIND_CHUNK_PCS: Array<u32> = Array::with_max_entries(DEFAULT_UNWIND_ROW_CHUNKS, 0);
 #[map]
 static UNWIND_TABLES: Array<UnwindTableRange> = Array::with_max_entries(UNWIND_TABLE_IDS, 0);
 /// tgid -> its executable mappings; written by the daemon once the process's
@@ -33,6 +36,8 @@ static UNWIND_TABLES: Array<UnwindTableRange> = Array::with_max_entries(UNWIND_T
 #[map]
 pub static UNWIND_PROCESSES: HashMap<u32, UnwindProcess> =
     HashMap::with_max_entries(DEFAULT_UNWIND_PROCESSES_ENTRIES, BPF_F_NO_PREALLOC);
+#[map]
+static ROW_CACHE: PerCpuArray<RowCache> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 static UNWIND_SCRATCH: PerCpuArray<Walk> = PerCpuArray::with_max_entries(1, 0);
 
@@ -51,6 +56,26 @@ const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
 const UC_RBP: u64 = 40 + 10 * 8;
 const UC_RSP: u64 = 40 + 15 * 8;
 const UC_RIP: u64 = 40 + 16 * 8;
+
+const ROW_CACHE_BITS: u32 = 10;
+const ROW_CACHE_SIZE: usize = 1 << ROW_CACHE_BITS;
+
+/// The row found for a pc of a table, as loaded at `first_row` with `rows`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CachedRow {
+    table: u32,
+    target: u32,
+    first_row: u32,
+    rows: u32,
+    row: UnwindRow,
+}
+
+/// Direct-mapped: a slot per hash of (table, pc).
+#[repr(C)]
+struct RowCache {
+    entries: [CachedRow; ROW_CACHE_SIZE],
+}
 
 /// Per-CPU scratch of one walk; its `stack` is what gets stored.
 #[repr(C)]
@@ -361,37 +386,65 @@ fn find_row(process: &UnwindProcess, pc: u64, hint: &mut u64) -> Result<UnwindRo
     if target > u64::from(u32::MAX) {
         return Err(UnwindEnd::NoFramePointer);
     }
-    find_in_table(first, rows, target as u32)
+    let target = target as u32;
+    // The same return addresses come back sample after sample: a per-CPU
+    // cache of their rows saves both searches. An entry is only good for
+    // the table as loaded now (its place and size), so an evicted and
+    // reloaded table, or an id given to another file, never hits stale rows.
+    let Some(cache) = ROW_CACHE.get_ptr_mut(0) else {
+        return find_in_table(first, rows, target);
+    };
+    let slot =
+        (target ^ mapping.table.wrapping_mul(0x9e37_79b9)).wrapping_mul(0x85eb_ca6b) >> (32 - ROW_CACHE_BITS);
+    // SAFETY: this CPU's cache; programs do not nest on one CPU.
+    let entry = unsafe { &mut (*cache).entries[slot as usize & (ROW_CACHE_SIZE - 1)] };
+    if entry.target == target
+        && entry.table == mapping.table
+        && entry.first_row == first
+        && entry.rows == rows
+    {
+        return Ok(entry.row);
+    }
+    let row = find_in_table(first, rows, target)?;
+    *entry = CachedRow {
+        table: mapping.table,
+        target,
+        first_row: first,
+        rows,
+        row,
+    };
+    Ok(row)
 }
 
 /// The last row of `first..first + rows` whose pc is at most `target`.
-/// Halves across chunks first (a map lookup per probe), then within the one
-/// chunk left (plain loads), which is what makes a probe cheap.
+/// Halves across the chunks' first pcs first (a dense array: a few cache
+/// lines, one page), then within the one chunk left (one 4 KiB page): a cold
+/// walk touches two pages per frame, not one per probe.
 #[inline(always)]
 fn find_in_table(first: u32, rows: u32, target: u32) -> Result<UnwindRow, UnwindEnd> {
     const PER_CHUNK: u32 = UNWIND_ROWS_PER_CHUNK as u32;
-    // Invariant: row `lo` starts at or before `target` (checked below for
-    // `first`), and every row from `hi` on starts after it.
-    let (mut lo, mut hi) = (first, first.saturating_add(rows));
-    // 15 halvings bring any table (at most 2^24 rows) within one chunk.
+    let end = first.saturating_add(rows);
+    let (mut lo, mut hi) = (first / PER_CHUNK, (end - 1) / PER_CHUNK + 1);
+    if chunk_pc(lo)? > target {
+        // Before the table's first row: no FDE covers it.
+        return Err(UnwindEnd::NoFramePointer);
+    }
+    // Invariant: chunk `lo` starts at or before `target`, every chunk from
+    // `hi` on after it. 15 halvings cover the largest table (2^24 rows).
     for _ in 0..15 {
-        if lo / PER_CHUNK == (hi - 1) / PER_CHUNK {
+        if hi - lo <= 1 {
             break;
         }
         let mid = lo + (hi - lo) / 2;
-        if row_at(mid)?.pc <= target {
+        if chunk_pc(mid)? <= target {
             lo = mid;
         } else {
             hi = mid;
         }
     }
-    let chunk = UNWIND_ROWS.get(lo / PER_CHUNK).ok_or(UnwindEnd::TableNotLoaded)?;
-    let base = lo / PER_CHUNK * PER_CHUNK;
-    let (mut lo, mut hi) = (lo - base, hi - base);
-    if lo == 0 && chunk.rows[0].pc > target {
-        // Before the table's first row: no FDE covers it.
-        return Err(UnwindEnd::NoFramePointer);
-    }
+    let chunk = UNWIND_ROWS.get(lo).ok_or(UnwindEnd::TableNotLoaded)?;
+    let base = lo * PER_CHUNK;
+    let (mut lo, mut hi) = (0, end.saturating_sub(base).min(PER_CHUNK));
     // log2(rows per chunk) halvings finish the search.
     for _ in 0..9 {
         if hi - lo <= 1 {
@@ -408,9 +461,9 @@ fn find_in_table(first: u32, rows: u32, target: u32) -> Result<UnwindRow, Unwind
 }
 
 #[inline(always)]
-fn row_at(index: u32) -> Result<UnwindRow, UnwindEnd> {
-    let chunk = UNWIND_ROWS
-        .get(index / UNWIND_ROWS_PER_CHUNK as u32)
-        .ok_or(UnwindEnd::TableNotLoaded)?;
-    Ok(chunk.rows[index as usize & (UNWIND_ROWS_PER_CHUNK - 1)])
+fn chunk_pc(chunk: u32) -> Result<u32, UnwindEnd> {
+    UNWIND_CHUNK_PCS
+        .get(chunk)
+        .copied()
+        .ok_or(UnwindEnd::TableNotLoaded)
 }

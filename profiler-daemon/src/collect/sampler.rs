@@ -69,6 +69,8 @@ pub struct SamplerOptions {
 /// The maps the daemon fills for the sampler's own walk (auto mode).
 pub struct UnwindMaps {
     pub rows: Array<MapData, UnwindRowChunk>,
+    /// The first pc of each chunk of `rows`.
+    pub chunk_pcs: Array<MapData, u32>,
     pub tables: Array<MapData, UnwindTableRange>,
     pub processes: HashMap<MapData, u32, UnwindProcess>,
 }
@@ -142,6 +144,7 @@ impl Sampler {
             1
         };
         loader.map_max_entries(maps::UNWIND_ROWS, row_chunks);
+        loader.map_max_entries(maps::UNWIND_CHUNK_PCS, row_chunks);
         if !tables {
             loader.map_max_entries(maps::UNWIND_TABLES, 1);
             loader.map_max_entries(maps::UNWIND_PROCESSES, 1);
@@ -163,6 +166,7 @@ impl Sampler {
         let unwind = if tables {
             Some(UnwindMaps {
                 rows: convert(&mut ebpf, maps::UNWIND_ROWS)?,
+                chunk_pcs: convert(&mut ebpf, maps::UNWIND_CHUNK_PCS)?,
                 tables: convert(&mut ebpf, maps::UNWIND_TABLES)?,
                 processes: convert(&mut ebpf, maps::UNWIND_PROCESSES)?,
             })

@@ -59,7 +59,13 @@ impl<C: TableCompiler> TableManager<C> {
         for (index, part) in rows.chunks(UNWIND_ROWS_PER_CHUNK).enumerate() {
             chunk.rows[..part.len()].copy_from_slice(part);
             chunk.rows[part.len()..].fill(UnwindRow::default());
-            if let Err(err) = self.maps.rows.set(first_chunk + index as u32, &*chunk, 0) {
+            let at = first_chunk + index as u32;
+            let written = self
+                .maps
+                .rows
+                .set(at, &*chunk, 0)
+                .and_then(|()| self.maps.chunk_pcs.set(at, &part[0].pc, 0));
+            if let Err(err) = written {
                 self.stats.map_errors.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!("writing {}: {err}", maps::UNWIND_ROWS);
                 self.space.release(first_chunk, chunks);
