@@ -28,6 +28,7 @@ profilerd_unwind_table_compile_seconds, of tables loaded and of rows.
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -145,7 +146,7 @@ def sleep_until(moment):
 class Daemon:
     """profilerd on a free port, its stderr kept; stopped with SIGTERM."""
 
-    def __init__(self, args, work, hz, mode, name):
+    def __init__(self, args, work, hz, mode, name, env=None):
         self.port = free_port()
         argv = [os.path.join(ROOT, "target/release/profilerd"), "--listen", f"127.0.0.1:{self.port}",
                 "--frequency", str(hz)]
@@ -153,7 +154,7 @@ class Daemon:
             argv += ["--unwind", mode]
         self.err_path = os.path.join(work, f"{name}.err")
         with open(self.err_path, "w") as err:
-            self.tool = Tool(argv, stdout=subprocess.DEVNULL, stderr=err)
+            self.tool = Tool(argv, env=env, stdout=subprocess.DEVNULL, stderr=err)
         self.first = bpf.first_run(self.tool.pid, time.monotonic() + args.startup_timeout)
 
     def get(self, path):
@@ -255,8 +256,11 @@ def busy_page(work, rows=60000):
 
 def compile_times(args, work):
     """Table compile time (and tables, rows) added while each program runs."""
-    result = {"steps": []}
-    daemon = Daemon(args, work, 99, "auto", "profilerd-compile")
+    result = {"steps": [], "files": []}
+    # The table manager logs each table it loads (path, rows, compile time):
+    # per-file figures, whichever process brought the file in first.
+    env = dict(os.environ, RUST_LOG="info,profilerd::collect::unwind_tables=debug")
+    daemon = Daemon(args, work, 99, "auto", "profilerd-compile", env=env)
     try:
         if daemon.first is None:
             result["error"] = "profilerd (auto) did not start"
@@ -286,7 +290,7 @@ def compile_times(args, work):
                              if metric_sum(after, "profilerd_unwind_table_compile_seconds_sum") is not None
                              else "profilerd_unwind_table_compile_seconds_total")
             for key, name in [("compile_s", compile_total),
-                              ("compiled", "profilerd_unwind_table_compile_seconds_count"),
+                              ("compiled", "profilerd_unwind_table_compiles_total"),
                               ("loaded", "profilerd_unwind_tables_loaded_total"),
                               ("rows", "profilerd_unwind_table_rows"),
                               ("bytes", "profilerd_unwind_table_bytes")]:
@@ -297,7 +301,24 @@ def compile_times(args, work):
         result["error"] = f"{type(err).__name__}: {err}"
     finally:
         daemon.stop()
+    result["files"] = loaded_tables(daemon.err_path)
     return result
+
+
+LOADED = re.compile(r"unwind table loaded path=(\S+) rows=(\d+) compile=([\d.]+)(ns|µs|ms|s)\b")
+UNITS = {"ns": 1e-9, "µs": 1e-6, "ms": 1e-3, "s": 1.0}
+
+
+def loaded_tables(err_path):
+    """(path, rows, compile seconds) of every table the daemon's log says it loaded."""
+    files = []
+    with open(err_path, errors="replace") as err:
+        for line in err:
+            match = LOADED.search(line)
+            if match:
+                path, rows, value, unit = match.groups()
+                files.append({"path": path, "rows": int(rows), "compile_s": float(value) * UNITS[unit]})
+    return files
 
 
 def mib(value):
@@ -339,6 +360,14 @@ def render(results):
                           [[s["program"], fmt(s.get("compile_s"), ".3f"), fmt(s.get("compiled"), ".0f"),
                             fmt(s.get("loaded"), ".0f"), fmt(s.get("rows"), ".0f"), fmt(s.get("bytes"), ".0f")]
                            for s in compile_result.get("steps", [])]))
+        files = compile_result.get("files", [])
+        wanted = [f for f in files if re.search(r"/libc\.so\.6$|/python3(\.\d+)?$|/chromium/chromium$", f["path"])]
+        largest = sorted(files, key=lambda f: -f["rows"])[:5]
+        shown = wanted + [f for f in largest if f not in wanted]
+        if shown:
+            text += ["", "Per file (from the daemon's log, first load of each):", ""]
+            text.append(table(["file", "rows", "compile ms"],
+                              [[f["path"], str(f["rows"]), f"{f['compile_s'] * 1000:.2f}"] for f in shown]))
     failed = [run for run in results["runs"] if run.get("error") and run.get("stderr")]
     for run in failed:
         text += ["", f"{run['tool']} at {run['hz']} Hz, stderr:", "```", *run["stderr"], "```"]
