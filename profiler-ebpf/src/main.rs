@@ -92,6 +92,7 @@ pub(crate) fn add(counter: Counter, amount: u64) {
 #[inline(always)]
 pub(crate) fn bump(counter: Counter) -> u64 {
     match COUNTERS.get_ptr_mut(counter as u32) {
+        // SAFETY: a valid per-CPU slot; programs do not nest on one CPU.
         Some(value) => unsafe {
             let before = *value;
             *value = before + 1;
@@ -212,6 +213,7 @@ fn record(ctx: &PerfEventContext, mut key: SampleKey, cpu_ns: u64, user: UserSta
     // The key holds the tid and a thread runs on one CPU at a time, so no other
     // CPU updates this entry concurrently: plain additions are exact.
     if let Some(value) = counts.get_ptr_mut(&key) {
+        // SAFETY: the key holds the tid, so only this CPU updates this entry now.
         unsafe {
             (*value).count += 1;
             (*value).cpu_ns += cpu_ns;
@@ -235,6 +237,7 @@ fn unwound_stack_id(walk: *mut Walk, stacks: &HashMap<u32, UnwoundStack>) -> i32
     let stack = unsafe { &(*walk).stack };
     let id = (stack.hash as u32) & (SPILLED_STACK_ID_BASE - 1);
     for _ in 0..2 {
+        // SAFETY: the value is only read (another CPU may insert, never change it).
         if let Some(existing) = unsafe { stacks.get(&id) } {
             if existing.hash == stack.hash {
                 return id as i32;
@@ -308,13 +311,16 @@ fn thread_cpu_since_last_sample(tid: u32) -> u64 {
     if offset == 0 {
         return period;
     }
+    // SAFETY: the task pointer is only used as an address for probe_read.
     let task = unsafe { bpf_get_current_task() } as *const u8;
+    // SAFETY: probe_read checks the address; the offset comes from BTF.
     let Ok(runtime) = (unsafe { bpf_probe_read_kernel(task.wrapping_add(offset as usize) as *const u64) })
     else {
         bump(Counter::TaskReadError);
         return period;
     };
     if let Some(last) = THREAD_TIMES.get_ptr_mut(&tid) {
+        // SAFETY: the entry is this thread's, which runs on this CPU only now.
         return unsafe { runtime.saturating_sub(core::mem::replace(&mut *last, runtime)) };
     }
     if THREAD_TIMES.insert(&tid, &runtime, 0).is_err() {
@@ -324,6 +330,7 @@ fn thread_cpu_since_last_sample(tid: u32) -> u64 {
     let start_offset = TASK_START_OFFSET.load();
     let started = match start_offset {
         0 => 0,
+        // SAFETY: probe_read checks the address; the offset comes from BTF.
         _ => unsafe { bpf_probe_read_kernel(task.wrapping_add(start_offset as usize) as *const u64) }
             .unwrap_or(0),
     };
@@ -357,11 +364,13 @@ fn stack_id(ctx: &PerfEventContext, map: &StackTrace, flags: u64, counters: [Cou
 /// the first time the process is sampled.
 #[inline(always)]
 fn process_instance<C: EbpfContext>(ctx: &C, tgid: u32) -> u32 {
+    // SAFETY: the value is only read.
     if let Some(instance) = unsafe { PROCESSES.get(&tgid) } {
         return *instance;
     }
     // Random rather than a counter: unique enough across pid reuse without a
     // shared atomic; never 0, which means "unknown".
+    // SAFETY: a helper without arguments.
     let instance = unsafe { bpf_get_prandom_u32() } | 1;
     match PROCESSES.insert(&tgid, &instance, BPF_NOEXIST as u64) {
         Ok(()) => {
@@ -369,6 +378,7 @@ fn process_instance<C: EbpfContext>(ctx: &C, tgid: u32) -> u32 {
             instance
         }
         // Another CPU sampled a thread of the same new process first.
+        // SAFETY: the value is only read.
         Err(err) if -err == EEXIST => unsafe { PROCESSES.get(&tgid) }.copied().unwrap_or(0),
         Err(_) => {
             if bump(Counter::ProcessMapFull) == 0 {
@@ -384,6 +394,7 @@ fn announce(kind: ProcessEventKind, tgid: u32, instance: u32) {
     match PROCESS_EVENTS.reserve::<ProcessEvent>(0) {
         Some(mut entry) => {
             entry.write(ProcessEvent {
+                // SAFETY: a helper without arguments.
                 ktime_ns: unsafe { bpf_ktime_get_ns() },
                 kind: kind as u32,
                 tgid,
@@ -418,6 +429,7 @@ pub fn on_exit(_ctx: RawTracePointContext) -> i32 {
         return 0;
     }
     let _ = UNWIND_PROCESSES.remove(&tgid);
+    // SAFETY: the value is only read.
     if let Some(instance) = unsafe { PROCESSES.get(&tgid) }.copied() {
         let _ = PROCESSES.remove(&tgid);
         announce(ProcessEventKind::Exited, tgid, instance);

@@ -110,6 +110,7 @@ pub fn walk_user_stack(ctx: &PerfEventContext, tgid: u32) -> Option<*mut Walk> {
     if ip == 0 {
         return None;
     }
+    // SAFETY: the value is only read, and stays valid for this run (RCU).
     let process = unsafe { UNWIND_PROCESSES.get(&tgid) }.map_or(core::ptr::null(), |p| p as *const _);
     // SAFETY: `walk` points at this CPU's scratch entry, which nothing else
     // touches while this program runs (perf_event programs do not nest on a CPU).
@@ -165,6 +166,7 @@ fn user_registers(ctx: &PerfEventContext) -> Option<(u64, u64, u64)> {
     if user.is_null() {
         return None;
     }
+    // SAFETY: `user` is only read through probe_read, which checks it.
     unsafe {
         Some((
             bpf_probe_read_kernel(&(*user).rip).ok()?,
@@ -320,6 +322,7 @@ fn frame_pointer_step(walk: &mut Walk, missing: UnwindEnd) -> Result<(), UnwindE
     if bp < walk.sp {
         return Err(missing);
     }
+    // SAFETY: probe_read checks the addresses; a fault is an error.
     let (Ok(next_bp), Ok(return_address)) = (unsafe { bpf_probe_read_user(bp as *const u64) }, unsafe {
         bpf_probe_read_user((bp + 8) as *const u64)
     }) else {
