@@ -14,7 +14,13 @@ use crate::{
     pipeline::{Pipeline, PipelineError},
     serve::{self, ServeState},
     store::StoreConfig,
+    supervise::{self, EndReason, StageEnd, Supervisor},
 };
+
+/// Exit status when the BPF programs cannot be loaded or attached
+/// (EX_NOPERM): missing privileges or an unsupported kernel fail the same way
+/// on every attempt, so the unit does not restart on it.
+pub const EXIT_BPF_LOAD: u8 = 77;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
@@ -24,10 +30,26 @@ pub enum DaemonError {
         #[source]
         source: std::io::Error,
     },
+    #[error("cannot load the BPF programs")]
+    Load(#[source] PipelineError),
     #[error(transparent)]
     Pipeline(#[from] PipelineError),
     #[error("the HTTP server failed")]
     Serve(#[source] std::io::Error),
+    #[error("{0}")]
+    StageEnded(StageEnd),
+}
+
+impl DaemonError {
+    /// The process's exit status: the unit's RestartPreventExitStatus lists
+    /// the ones a restart cannot fix.
+    pub fn exit_status(&self) -> u8 {
+        match self {
+            Self::Load(_) => EXIT_BPF_LOAD,
+            Self::StageEnded(_) => supervise::EXIT_STAGE_FAILED,
+            Self::Bind { .. } | Self::Pipeline(_) | Self::Serve(_) => 1,
+        }
+    }
 }
 
 pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
@@ -43,7 +65,19 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         retention,
         max_bytes: (args.store_max_mb as usize) << 20,
     };
-    let pipeline = Arc::new(Pipeline::start(args.sampling.pipeline_options(store))?);
+    let options = args.sampling.pipeline_options(store);
+    // No drain for this long is a dead drain stage.
+    let stall_limit = (options.drain_interval * STALL_INTERVALS).max(STALL_MIN);
+    let mut supervisor = Supervisor::new();
+    let pipeline = match Pipeline::start(options, &supervisor.reporter()) {
+        Ok(pipeline) => Arc::new(pipeline),
+        Err(err @ PipelineError::Collect(_)) => {
+            let errno = os_error(&err).unwrap_or(libc::EPERM as u32);
+            supervise::notify_failure(&format!("cannot load the BPF programs: {err}"), errno);
+            return Err(DaemonError::Load(err));
+        }
+        Err(err) => return Err(err.into()),
+    };
     tracing::info!(listen = %address, "profilerd running: http://{address}/pprof?seconds=10");
     // Under systemd (Type=notify): ready only now, with the programs attached
     // and the listener bound. Without NOTIFY_SOCKET this does nothing.
@@ -58,13 +92,45 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
         let _ = signalled.send(Some(Instant::now()));
     };
+    let state = ServeState::new(pipeline.clone(), retention, args.http.limits());
+    // A task of its own, so that a panic in it is seen like any stage's.
+    let mut server = tokio::spawn(serve::serve(listener, state, shutdown));
+    let progress = pipeline.clone();
     let served = tokio::select! {
-        served = serve::serve(listener, ServeState::new(pipeline.clone(), retention, args.http.limits()), shutdown) => served,
+        joined = &mut server => match joined {
+            Ok(served) if signal_instant(&on_signal).is_some() => Ok(served),
+            Ok(served) => Err(stage_failed(StageEnd {
+                stage: "http",
+                reason: match served {
+                    Ok(()) => EndReason::Returned,
+                    Err(err) => EndReason::Failed(err.to_string()),
+                },
+            })),
+            Err(err) => Err(stage_failed(StageEnd {
+                stage: "http",
+                reason: EndReason::Panicked(format!("{err}")),
+            })),
+        },
         () = after_signal(on_signal.clone(), GRACE) => {
             // A client that stalls mid-request (or reads a large answer
             // slowly) would otherwise hold the exit until systemd kills us.
             tracing::warn!("connections still open {GRACE:?} after the stop signal; closing them");
-            Ok(())
+            server.abort();
+            Ok(Ok(()))
+        }
+        end = supervisor.failure(move || progress.status().last_drain_at, "drain", stall_limit) => {
+            Err(stage_failed(end))
+        }
+    };
+    // Stages end from here on: that is expected.
+    supervisor.stop();
+    let served = match served {
+        Ok(served) => served,
+        Err(failed) => {
+            // Not joined: a stalled stage would hold the exit. Exiting
+            // closes every BPF descriptor, which detaches the programs.
+            server.abort();
+            return Err(failed);
         }
     };
     tracing::info!("stopping");
@@ -78,6 +144,37 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     }
     served.map_err(DaemonError::Serve)
 }
+
+/// A stage that ended: logged, told to systemd, and the daemon's error.
+fn stage_failed(end: StageEnd) -> DaemonError {
+    tracing::error!(
+        stage = end.stage,
+        "{end}; exiting with status {} so that the service is restarted",
+        supervise::EXIT_STAGE_FAILED
+    );
+    supervise::notify_failure(&format!("failed: {end}"), end.errno());
+    DaemonError::StageEnded(end)
+}
+
+/// The errno of the first system call that failed in `err`'s causes.
+fn os_error(err: &(dyn std::error::Error + 'static)) -> Option<u32> {
+    let mut cause = Some(err);
+    while let Some(err) = cause {
+        if let Some(code) = err
+            .downcast_ref::<std::io::Error>()
+            .and_then(std::io::Error::raw_os_error)
+        {
+            return u32::try_from(code).ok();
+        }
+        cause = err.source();
+    }
+    None
+}
+
+/// The drain stage counts as ended after this many drain intervals without
+/// a drain, and at least [`STALL_MIN`].
+const STALL_INTERVALS: u32 = 10;
+const STALL_MIN: Duration = Duration::from_secs(30);
 
 /// How long in-flight responses may take after SIGTERM/SIGINT before their
 /// connections are closed.

@@ -11,7 +11,8 @@
 //! 4. Output: [`profile`] formats (folded stacks, pprof), written by
 //!    [`record`] or served over HTTP by [`serve`] in the [`daemon`].
 //!
-//! [`pipeline`] wires the stages together.
+//! [`pipeline`] wires the stages together; [`supervise`] makes the end of
+//! any of them the end of the daemon.
 
 pub mod cli;
 pub mod collect;
@@ -22,6 +23,7 @@ pub mod profile;
 pub mod record;
 pub mod serve;
 pub mod store;
+pub mod supervise;
 pub mod symbolize;
 
 /// Milliseconds since the Unix epoch (0 if the clock is before it).

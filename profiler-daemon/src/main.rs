@@ -76,7 +76,8 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("profilerd: {err:#}");
-            ExitCode::FAILURE
+            err.downcast_ref::<profilerd::daemon::DaemonError>()
+                .map_or(ExitCode::FAILURE, |err| ExitCode::from(err.exit_status()))
         }
     }
 }

@@ -22,6 +22,7 @@ use crate::{
         unwind_tables::{SampledStacks, TableManager, UnwindInput, UnwindStats},
     },
     store::{self, Store, StoreConfig, StoreHandle},
+    supervise::{self, StageReporter},
     symbolize::{
         Symbolizer, SymbolizerStats,
         worker::{WorkerClient, WorkerConfig},
@@ -125,11 +126,13 @@ pub struct Pipeline {
 
 impl Pipeline {
     /// Loads and attaches the sampler and starts every stage. Must run inside
-    /// a tokio runtime (the store is a task).
-    pub fn start(options: PipelineOptions) -> Result<Self, PipelineError> {
+    /// a tokio runtime (the store is a task). Every stage's end goes to
+    /// `stages`.
+    pub fn start(options: PipelineOptions, stages: &StageReporter) -> Result<Self, PipelineError> {
         let (sampler, drainer, events, unwind_maps) = Sampler::start(&options.sampler)?;
         let cpus = sampler.cpus();
-        let store = store::spawn(Store::new(options.store, options.sampler.frequency));
+        let (store, store_task) = store::spawn(Store::new(options.store, options.sampler.frequency));
+        stages.watch_task("store", store_task);
         let (status_tx, status) = watch::channel(PipelineStatus::default());
         let status_tx = Arc::new(status_tx);
         let files = OpenFiles::new(options.symbolizer.max_open_files);
@@ -143,11 +146,8 @@ impl Pipeline {
         let watcher = ProcessWatcher::new(events, SnapshotReader::new(files.clone()));
         let watcher_stats = watcher.stats.clone();
         let mut threads = Vec::new();
-        let spawn = |name: &str, body: Box<dyn FnOnce() + Send>| {
-            std::thread::Builder::new()
-                .name(name.to_owned())
-                .spawn(body)
-                .map_err(PipelineError::Thread)
+        let spawn = |name: &'static str, body: Box<dyn FnOnce() + Send>| {
+            stages.spawn_thread(name, body).map_err(PipelineError::Thread)
         };
         let mut unwind_stats = None;
         let unwind_tx = match unwind_maps {
@@ -303,6 +303,7 @@ fn drain_loop(
 ) {
     let mut next = Instant::now() + interval;
     loop {
+        supervise::fault_point("drain");
         let mut acks = Vec::new();
         let mut stop = false;
         match commands.recv_timeout(next.saturating_duration_since(Instant::now())) {
@@ -383,6 +384,7 @@ fn symbolize_loop(
 ) {
     let mut warned_at: Option<Instant> = None;
     for input in inputs {
+        supervise::fault_point("symbolize");
         match input {
             SymbolizeInput::Notice(notice) => symbolizer.notice(notice),
             SymbolizeInput::Batch {

@@ -9,6 +9,7 @@ use crate::{
     pipeline::{Pipeline, PipelineError, PipelineOptions, PipelineStatus},
     profile::{Profile, flamegraph, folded, pprof},
     store::{Filter, Query, StoreConfig, Window},
+    supervise::Supervisor,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -45,7 +46,10 @@ pub async fn run(args: RecordArgs) -> Result<(), RecordError> {
         only_pids: args.pids.clone(),
         ..args.sampling.pipeline_options(store)
     };
-    let pipeline = Pipeline::start(options)?;
+    // A stage that ends early is logged as it ends, and the drain below then
+    // fails with "the pipeline has stopped".
+    let supervisor = Supervisor::new();
+    let pipeline = Pipeline::start(options, &supervisor.reporter())?;
     let interrupted = tokio::select! {
         () = tokio::time::sleep(Duration::from_secs(args.seconds)) => false,
         _ = tokio::signal::ctrl_c() => true,
@@ -68,6 +72,7 @@ pub async fn run(args: RecordArgs) -> Result<(), RecordError> {
         .await?;
     let status = pipeline.status();
     let (cpus, frequency) = (pipeline.cpus(), pipeline.frequency());
+    supervisor.stop();
     pipeline.shutdown().await;
 
     write_output(&args.output, args.format, &filter, &profile)?;

@@ -8,6 +8,7 @@ pub mod cpu;
 pub mod daemon;
 pub mod elf;
 pub mod elf_mutants;
+pub mod faulty;
 pub mod hostile;
 pub mod perf_oracle;
 pub mod rootfs;

@@ -35,10 +35,11 @@ pub struct StoreHandle {
     tx: mpsc::Sender<Request>,
 }
 
-/// Starts the store task on the current tokio runtime.
-pub fn spawn(mut store: Store) -> StoreHandle {
+/// Starts the store task on the current tokio runtime; the task's handle
+/// is for its supervisor (it ends once every handle is dropped).
+pub fn spawn(mut store: Store) -> (StoreHandle, tokio::task::JoinHandle<()>) {
     let (tx, mut rx) = mpsc::channel(256);
-    tokio::spawn(async move {
+    let task = tokio::spawn(async move {
         while let Some(request) = rx.recv().await {
             match request {
                 Request::Ingest {
@@ -64,7 +65,7 @@ pub fn spawn(mut store: Store) -> StoreHandle {
             }
         }
     });
-    StoreHandle { tx }
+    (StoreHandle { tx }, task)
 }
 
 impl StoreHandle {
