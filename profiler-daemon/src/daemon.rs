@@ -12,7 +12,7 @@ use tokio::sync::watch;
 use crate::{
     cli::DaemonArgs,
     pipeline::{Pipeline, PipelineError},
-    serve::{self, ServeState},
+    serve::{self, ServeState, access::AccessPolicy},
     store::StoreConfig,
 };
 
@@ -59,7 +59,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         let _ = signalled.send(Some(Instant::now()));
     };
     let served = tokio::select! {
-        served = serve::serve(listener, ServeState::new(pipeline.clone(), retention, args.http.limits()), shutdown) => served,
+        served = serve::serve(listener, ServeState::new(pipeline.clone(), retention, args.http.limits(), AccessPolicy::new(&args.access_group)), shutdown) => served,
         () = after_signal(on_signal.clone(), GRACE) => {
             // A client that stalls mid-request (or reads a large answer
             // slowly) would otherwise hold the exit until systemd kills us.
