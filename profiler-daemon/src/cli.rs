@@ -96,6 +96,10 @@ pub struct DaemonArgs {
     /// Upper bound of the sample store's memory, in MiB.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=65_536))]
     pub store_max_mb: u64,
+    /// Members of this group (and root) see every process; any other local
+    /// user sees only the processes they own.
+    #[arg(long, default_value = crate::serve::access::DEFAULT_GROUP)]
+    pub access_group: String,
     #[command(flatten)]
     pub sampling: SamplingArgs,
     #[command(flatten)]
@@ -154,6 +158,10 @@ pub struct RecordArgs {
     pub output: PathBuf,
     #[arg(long, value_enum, default_value_t = Format::Folded)]
     pub format: Format,
+    /// Members of this group (and root) see every process; any other local
+    /// user sees only the processes they own.
+    #[arg(long, default_value = crate::serve::access::DEFAULT_GROUP)]
+    pub access_group: String,
     #[command(flatten)]
     pub sampling: SamplingArgs,
 }

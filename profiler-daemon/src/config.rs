@@ -38,6 +38,7 @@ pub struct Config {
     pub http_max_connections: Option<u64>,
     pub http_header_timeout_ms: Option<u64>,
     pub http_idle_timeout_seconds: Option<u64>,
+    pub access_group: Option<String>,
 }
 
 /// Every error names the file and, when known, the line (`FILE:LINE:`), so
@@ -70,6 +71,9 @@ pub enum ConfigError {
 fn line_prefix(line: Option<usize>) -> String {
     line.map_or_else(|| " ".to_owned(), |line| format!("{line}: "))
 }
+
+/// The keys that are not numbers (RANGES has the others).
+pub const OTHER_KEYS: [&str; 3] = ["listen", "unwind", "access_group"];
 
 /// The accepted range of each numeric key: the same as its flag's (a test
 /// checks them against clap's).
@@ -209,6 +213,9 @@ impl Config {
             self.unwind_table_memory_mb,
             from_file("unwind_table_memory_mb"),
         );
+        if let (Some(group), true) = (&self.access_group, from_file("access_group")) {
+            args.access_group.clone_from(group);
+        }
         let http = &mut args.http;
         set(
             &mut http.http_max_connections,
@@ -294,7 +301,8 @@ pub fn describe(args: &DaemonArgs) -> String {
          counts_map_entries = {}\nuser_stack_map_entries = {}\nkernel_stack_map_entries = {}\n\
          max_open_files = {}\nsymbolizer_memory_mb = {}\nsymbolizer_deadline_ms = {}\n\
          unwind = \"{}\"\nunwind_table_memory_mb = {}\n\
-         http_max_connections = {}\nhttp_header_timeout_ms = {}\nhttp_idle_timeout_seconds = {}\n",
+         http_max_connections = {}\nhttp_header_timeout_ms = {}\nhttp_idle_timeout_seconds = {}\n\
+         access_group = {:?}\n",
         args.listen,
         args.retention_seconds,
         args.store_max_mb,
@@ -310,7 +318,8 @@ pub fn describe(args: &DaemonArgs) -> String {
         s.unwind_table_memory_mb,
         h.http_max_connections,
         h.http_header_timeout_ms,
-        h.http_idle_timeout_seconds
+        h.http_idle_timeout_seconds,
+        args.access_group
     )
 }
 

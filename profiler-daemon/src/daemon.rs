@@ -12,7 +12,7 @@ use tokio::sync::watch;
 use crate::{
     cli::DaemonArgs,
     pipeline::{Pipeline, PipelineError},
-    serve::{self, ServeState},
+    serve::{self, ServeState, access::AccessPolicy},
     store::StoreConfig,
     supervise::{self, EndReason, StageEnd, Supervisor},
 };
@@ -92,7 +92,12 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
         let _ = signalled.send(Some(Instant::now()));
     };
-    let state = ServeState::new(pipeline.clone(), retention, args.http.limits());
+    let state = ServeState::new(
+        pipeline.clone(),
+        retention,
+        args.http.limits(),
+        AccessPolicy::new(&args.access_group),
+    );
     // A task of its own, so that a panic in it is seen like any stage's.
     let mut server = tokio::spawn(serve::serve(listener, state, shutdown));
     let progress = pipeline.clone();

@@ -8,7 +8,7 @@ use crate::{
     cli::{Format, RecordArgs},
     pipeline::{Pipeline, PipelineError, PipelineOptions, PipelineStatus},
     profile::{Profile, flamegraph, folded, pprof},
-    store::{Filter, Query, StoreConfig, Window},
+    store::{Filter, Query, StoreConfig, Visible, Window},
     supervise::Supervisor,
 };
 
@@ -68,6 +68,8 @@ pub async fn run(args: RecordArgs) -> Result<(), RecordError> {
                 end_ms: until_ms.saturating_add(1),
             },
             filter: filter.clone(),
+            // `record` runs as root, for root.
+            visible: Visible::All,
         })
         .await?;
     let status = pipeline.status();

@@ -139,6 +139,7 @@ fn profiles() -> impl Strategy<Value = Profile> {
                 pid,
                 tid,
                 comm: comm.into(),
+                uid: None,
                 thread_name: thread_name.into(),
                 stack,
                 count,
@@ -228,6 +229,7 @@ proptest! {
             pid: 1,
             tid: 1,
             comm: nasty.clone().into(),
+            uid: None,
             thread_name: nasty.into(),
             stack: Arc::new(SymbolizedStack {
                 locations: Box::new([Location {

@@ -20,7 +20,9 @@ pub use mapped_file::{
     DEFAULT_MAX_OPEN_FILES, FileKey, FileVersion, MappedFile, OpenFileStats, OpenFiles, Refusal,
 };
 pub use proc_maps::{MapsLine, parse_maps_line};
-pub use process_snapshot::{MAX_FILES_PER_PROCESS, ProcessSnapshot, SnapshotMapping, SnapshotReader};
+pub use process_snapshot::{
+    MAX_FILES_PER_PROCESS, ProcessSnapshot, SnapshotMapping, SnapshotReader, read_real_uid,
+};
 pub use sampler::{MapSizes, Sampler, SamplerOptions, UnwindMaps, UnwindMode};
 pub use watcher::{ProcessNotice, ProcessWatcher, WatcherStats};
 

@@ -31,6 +31,9 @@ pub struct ProcessSnapshot {
     pub instance: u32,
     /// The process name (its main thread's comm).
     pub comm: String,
+    /// The real uid (/proc/PID/status `Uid:`) when the snapshot was read:
+    /// who may see the process's samples, even after it exits.
+    pub uid: Option<u32>,
     /// Executable mappings, sorted by address.
     pub mappings: Vec<SnapshotMapping>,
 }
@@ -51,6 +54,7 @@ impl SnapshotReader {
         let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
             .map(|comm| comm.trim_end_matches('\n').to_owned())
             .unwrap_or_default();
+        let uid = read_real_uid(pid);
         let mut mappings = Vec::new();
         let mut files: HashMap<(u64, u64), Arc<MappedFile>> = HashMap::new();
         let mut user_filesystems: Option<UserFilesystems> = None;
@@ -98,9 +102,22 @@ impl SnapshotReader {
             pid,
             instance,
             comm,
+            uid,
             mappings,
         })
     }
+}
+
+/// The process's real uid, the first field of `Uid:` in /proc/PID/status.
+pub fn read_real_uid(pid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("Uid:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 #[cfg(test)]
@@ -122,5 +139,8 @@ mod tests {
             "expected an executable mapping of {exe:?} in {:?}",
             snapshot.mappings
         );
+        // SAFETY: getuid has no preconditions and cannot fail.
+        let uid = unsafe { libc::getuid() };
+        assert_eq!(snapshot.uid, Some(uid), "our own real uid");
     }
 }

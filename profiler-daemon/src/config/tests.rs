@@ -82,11 +82,7 @@ fn the_key_ranges_are_the_flags_ranges() {
 
 #[test]
 fn every_daemon_flag_has_a_key() {
-    let keys: Vec<&str> = RANGES
-        .iter()
-        .map(|(key, _)| *key)
-        .chain(["listen", "unwind"])
-        .collect();
+    let keys: Vec<&str> = RANGES.iter().map(|(key, _)| *key).chain(OTHER_KEYS).collect();
     let command = Cli::command();
     for arg in command.get_arguments() {
         let id = arg.get_id().as_str();
@@ -134,7 +130,7 @@ fn without_a_file_the_defaults_apply() {
          drain_interval_ms = 1000\ncounts_map_entries = 16384\nuser_stack_map_entries = 16384\n\
          kernel_stack_map_entries = 8192\nmax_open_files = 1024\nsymbolizer_memory_mb = 1024\n\
          symbolizer_deadline_ms = 5000\nunwind = \"auto\"\nunwind_table_memory_mb = 64\nhttp_max_connections = 512\nhttp_header_timeout_ms = 5000\n\
-         http_idle_timeout_seconds = 60\n"
+         http_idle_timeout_seconds = 60\naccess_group = \"profilerd\"\n"
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -189,7 +185,7 @@ fn the_shipped_default_config_is_valid_and_documents_every_key() {
         .expect("the documented defaults parse")
         .apply(&mut args, &matches);
     assert_eq!(describe(&args), describe(&defaults));
-    for key in RANGES.iter().map(|(key, _)| *key).chain(["listen", "unwind"]) {
+    for key in RANGES.iter().map(|(key, _)| *key).chain(OTHER_KEYS) {
         assert!(
             text.contains(&format!("# {key} =")),
             "deploy/profilerd.toml should document {key}"

@@ -87,6 +87,7 @@ mod tests {
             pid: 7,
             tid,
             comm: "zero reader".into(),
+            uid: None,
             thread_name: "t".into(),
             stack: stack.clone(),
             count,

@@ -165,6 +165,7 @@ mod tests {
                     pid: 1,
                     tid: 1,
                     comm: "w".into(),
+                    uid: None,
                     thread_name: "w".into(),
                     stack,
                     count,

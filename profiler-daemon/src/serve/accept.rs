@@ -31,7 +31,10 @@ use tokio::{
 };
 use tower_service::Service;
 
-use super::connections::{Admission, CloseReason, ConnectionTable, RequestGuard, Slot};
+use super::{
+    access::{AccessPolicy, Caller, Peer},
+    connections::{Admission, CloseReason, ConnectionTable, RequestGuard, Slot},
+};
 
 /// The most a request's head may take (request line and headers). hyper's
 /// default is ~400 KiB: times the connection limit, a slow sender could pin
@@ -64,6 +67,7 @@ pub(super) async fn run(
     listener: TcpListener,
     router: Router,
     table: Arc<ConnectionTable>,
+    policy: AccessPolicy,
     mut stopping: watch::Receiver<bool>,
 ) {
     let mut builder = http1::Builder::new();
@@ -79,10 +83,10 @@ pub(super) async fn run(
             Some(_) = tasks.join_next(), if !tasks.is_empty() => continue,
             accepted = listener.accept() => accepted,
         };
-        let stream = match accepted {
-            Ok((stream, _)) => {
+        let (stream, client) = match accepted {
+            Ok(accepted) => {
                 errors.consecutive = 0;
-                stream
+                accepted
             }
             Err(err) => {
                 table.count_accept_error();
@@ -100,9 +104,15 @@ pub(super) async fn run(
         // Refused: every connection has a request in flight. Dropping the
         // stream closes it at once.
         let Some(admission) = admission else { continue };
+        // The address the client reached: on a wildcard listener, not the listener's.
+        let Ok(server) = stream.local_addr() else {
+            continue;
+        };
         let conn = Connection {
             admission,
             stopping: stopping.clone(),
+            peer: Peer::Tcp { client, server },
+            policy: policy.clone(),
         };
         tasks.spawn(conn.serve(stream, router.clone(), builder.clone()));
     }
@@ -113,10 +123,18 @@ pub(super) async fn run(
 struct Connection {
     admission: Admission,
     stopping: watch::Receiver<bool>,
+    peer: Peer,
+    policy: AccessPolicy,
 }
 
 impl Connection {
     async fn serve(mut self, stream: TcpStream, router: Router, builder: http1::Builder) {
+        // Once per connection, before its first request: the client's socket
+        // cannot change hands while the connection lasts.
+        let (policy, peer) = (self.policy.clone(), self.peer);
+        let caller = tokio::task::spawn_blocking(move || policy.identify(peer))
+            .await
+            .unwrap_or_else(|_| Caller::unknown("identifying the user failed"));
         let slot = self.admission.slot().clone();
         let io = TokioIo::new(Watched {
             stream,
@@ -125,7 +143,9 @@ impl Connection {
         let for_requests = slot.clone();
         let service = service_fn(move |request: Request<Incoming>| {
             let guard = for_requests.begin_request();
-            let response = router.clone().call(request.map(Body::new));
+            let mut request = request.map(Body::new);
+            request.extensions_mut().insert(caller.clone());
+            let response = router.clone().call(request);
             async move {
                 let response = response.await?;
                 Ok::<_, Infallible>(response.map(|body| Body::new(GuardedBody { body, _guard: guard })))

@@ -12,13 +12,14 @@ use tokio::sync::watch;
 
 use super::{
     HttpError, ServeState,
+    access::Viewer,
     params::{self, Limits, ParamError, ProfileParams},
     pprof_response,
 };
 use crate::{
     pipeline::PipelineError,
     profile::{Profile, pprof},
-    store::{Query, StoreClosed, Window},
+    store::{Query, StoreClosed, Visible, Window},
 };
 
 /// Go profiles that a CPU profiler does not have; answered 404 at once.
@@ -43,11 +44,12 @@ const PID_MAX_LIMIT: u32 = 1 << 22;
 /// `GET /pprof`: the last `seconds` from the store, answered at once.
 pub(super) async fn pprof(
     State(state): State<ServeState>,
+    Viewer(visible): Viewer,
     RawQuery(query): RawQuery,
 ) -> Result<Response, HttpError> {
     let params = params::parse_pprof(query.as_deref(), &state.limits())?;
     let started = Instant::now();
-    let profile = recent_profile(&state, params).await?;
+    let profile = recent_profile(&state, params, visible).await?;
     let queried = started.elapsed();
     let samples = profile.total_samples();
     let body = encode(profile).await?;
@@ -62,17 +64,22 @@ pub(super) async fn pprof(
 }
 
 /// The profile of the last `params.seconds` seconds, including what was
-/// sampled up to now; 404 if a requested pid neither runs nor has samples.
-pub(super) async fn recent_profile(state: &ServeState, params: ProfileParams) -> Result<Profile, HttpError> {
+/// sampled up to now, of the processes `visible` allows; 404 if a requested
+/// pid neither runs nor has samples, as far as the caller may know.
+pub(super) async fn recent_profile(
+    state: &ServeState,
+    params: ProfileParams,
+    visible: Visible,
+) -> Result<Profile, HttpError> {
     let now_ms = drain(state).await?;
     let window = Window::last(params.seconds, now_ms);
     for &pid in &params.filter.pids {
-        let Err(reason) = process_runs(pid) else {
+        let Err(reason) = process_runs(pid, visible) else {
             continue;
         };
         // A process that exited within the window still has its samples.
         let store = state.pipeline.store();
-        if !store.has_pid(pid, window).await.map_err(store_closed)? {
+        if !store.has_pid(pid, window, visible).await.map_err(store_closed)? {
             return Err(HttpError::new(
                 StatusCode::NOT_FOUND,
                 format!(
@@ -85,6 +92,7 @@ pub(super) async fn recent_profile(state: &ServeState, params: ProfileParams) ->
     let query = Query {
         window,
         filter: params.filter,
+        visible,
     };
     state.pipeline.store().query(query).await.map_err(store_closed)
 }
@@ -93,6 +101,7 @@ pub(super) async fn recent_profile(state: &ServeState, params: ProfileParams) ->
 /// was sampled between the drains at either end.
 pub(super) async fn go_profile(
     State(state): State<ServeState>,
+    Viewer(visible): Viewer,
     RawQuery(query): RawQuery,
 ) -> Result<Response, HttpError> {
     let params = params::parse_go_profile(query.as_deref(), &state.limits())?;
@@ -101,7 +110,7 @@ pub(super) async fn go_profile(
         .filter
         .pids
         .iter()
-        .map(|&pid| process_runs(pid))
+        .map(|&pid| process_runs(pid, visible))
         .find(Result::is_err)
     {
         return Err(HttpError::new(StatusCode::NOT_FOUND, reason));
@@ -115,6 +124,7 @@ pub(super) async fn go_profile(
     let query = Query {
         window: Window::between_drains(after_ms, until_ms),
         filter: params.filter,
+        visible,
     };
     let profile = state.pipeline.store().query(query).await.map_err(store_closed)?;
     Ok(pprof_response(encode(profile).await?))
@@ -190,12 +200,22 @@ async fn stopping(mut stopping: watch::Receiver<bool>) {
     }
 }
 
-/// Ok if `pid` is a running process; otherwise why not, for the message.
-/// /proc also resolves thread ids, which are not processes.
-fn process_runs(pid: u32) -> Result<(), String> {
+/// Ok if `pid` is a running process the caller may see; otherwise why not,
+/// for the message. /proc also resolves thread ids, which are not processes.
+/// A process the caller may not see is answered as one that does not run.
+fn process_runs(pid: u32, visible: Visible) -> Result<(), String> {
+    let not_running = || format!("pid: no process {pid} is running");
     let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
-        return Err(format!("pid: no process {pid} is running"));
+        return Err(not_running());
     };
+    let uid = status
+        .lines()
+        .find_map(|line| line.strip_prefix("Uid:"))
+        .and_then(|uids| uids.split_whitespace().next())
+        .and_then(|uid| uid.parse::<u32>().ok());
+    if !visible.allows(uid) {
+        return Err(not_running());
+    }
     let tgid = status
         .lines()
         .find_map(|line| line.strip_prefix("Tgid:"))

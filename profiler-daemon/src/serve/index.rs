@@ -10,6 +10,7 @@ use axum::{
 
 use super::{
     HttpError, ServeState,
+    access::Viewer,
     handlers::recent_profile,
     params,
     threads::{self, ProcessReport},
@@ -28,11 +29,12 @@ const MAX_THREAD_NAMES: usize = 20;
 
 pub(super) async fn index(
     State(state): State<ServeState>,
+    Viewer(visible): Viewer,
     RawQuery(query): RawQuery,
 ) -> Result<Response, HttpError> {
     let params = params::parse_pprof(query.as_deref(), &state.limits())?;
     let (seconds, filter) = (params.seconds, params.filter.clone());
-    let profile = recent_profile(&state, params).await?;
+    let profile = recent_profile(&state, params, visible).await?;
     let page = render(move || Ok(page(&profile, &filter, seconds))).await?;
     Ok(with_type(page, "text/html; charset=utf-8"))
 }
@@ -117,6 +119,7 @@ mod tests {
                 pid: 7,
                 tid: 8,
                 comm: comm.into(),
+                uid: None,
                 thread_name: thread_name.into(),
                 stack: Arc::new(SymbolizedStack {
                     locations: Box::new([]),

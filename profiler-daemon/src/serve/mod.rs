@@ -16,6 +16,7 @@
 //! our own accept loop ([`accept`]).
 
 mod accept;
+pub mod access;
 pub mod connections;
 mod handlers;
 mod index;
@@ -35,7 +36,10 @@ use axum::{
 use tokio::{net::TcpListener, sync::watch};
 
 pub use self::accept::bind;
-use self::connections::{ConnectionLimits, ConnectionTable};
+use self::{
+    access::AccessPolicy,
+    connections::{ConnectionLimits, ConnectionTable},
+};
 use crate::pipeline::Pipeline;
 
 /// What every handler shares. Cloned per request: it holds handles only.
@@ -45,6 +49,7 @@ pub struct ServeState {
     max_seconds: u64,
     http_metrics: metrics::HttpMetrics,
     connections: Arc<ConnectionTable>,
+    access: AccessPolicy,
     /// Becomes true when the server starts shutting down, so that blocking
     /// profile requests return early instead of holding up the exit.
     stopping: watch::Receiver<bool>,
@@ -52,13 +57,19 @@ pub struct ServeState {
 
 impl ServeState {
     /// `retention` bounds the `seconds` a request may ask for.
-    pub fn new(pipeline: Arc<Pipeline>, retention: Duration, limits: ConnectionLimits) -> Self {
+    pub fn new(
+        pipeline: Arc<Pipeline>,
+        retention: Duration,
+        limits: ConnectionLimits,
+        access: AccessPolicy,
+    ) -> Self {
         let (_, stopping) = watch::channel(false);
         Self {
             pipeline,
             max_seconds: retention.as_secs().max(1),
             http_metrics: metrics::HttpMetrics::default(),
             connections: Arc::new(ConnectionTable::new(limits)),
+            access,
             stopping,
         }
     }
@@ -98,6 +109,7 @@ pub async fn serve(
     let (stop, stopping) = watch::channel(false);
     state.stopping = stopping.clone();
     let connections = state.connections.clone();
+    let access = state.access.clone();
     let signal = async move {
         shutdown.await;
         let _ = stop.send(true);
@@ -105,7 +117,7 @@ pub async fn serve(
     // The accept loop ends only once `stop` is sent.
     tokio::join!(
         signal,
-        accept::run(listener, router(state), connections, stopping)
+        accept::run(listener, router(state), connections, access, stopping)
     );
     Ok(())
 }

@@ -9,7 +9,7 @@ use axum::{
 };
 use serde::Serialize;
 
-use super::{HttpError, ServeState, handlers::recent_profile, params};
+use super::{HttpError, ServeState, access::Viewer, handlers::recent_profile, params};
 use crate::profile::Profile;
 
 #[derive(Debug, Serialize, PartialEq, Eq)]
@@ -47,10 +47,11 @@ pub struct ThreadReport {
 
 pub(super) async fn threads(
     State(state): State<ServeState>,
+    Viewer(visible): Viewer,
     RawQuery(query): RawQuery,
 ) -> Result<Json<ThreadsReport>, HttpError> {
     let params = params::parse_pprof(query.as_deref(), &state.limits())?;
-    let profile = recent_profile(&state, params).await?;
+    let profile = recent_profile(&state, params, visible).await?;
     Ok(Json(report(&profile)))
 }
 
@@ -114,6 +115,7 @@ mod tests {
             pid,
             tid,
             comm: format!("proc{pid}").into(),
+            uid: None,
             thread_name: name.into(),
             stack: stack.clone(),
             count,

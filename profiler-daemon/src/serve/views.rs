@@ -10,6 +10,7 @@ use axum::{
 
 use super::{
     HttpError, ServeState,
+    access::Viewer,
     handlers::recent_profile,
     params::{self, ParamError, Quoted},
     threads::WindowReport,
@@ -62,6 +63,7 @@ pub(super) async fn render<T: Send + 'static>(
 /// `GET /flamegraph.svg`: `icicle=true` draws it upside down.
 pub(super) async fn flamegraph_svg(
     State(state): State<ServeState>,
+    Viewer(visible): Viewer,
     RawQuery(query): RawQuery,
 ) -> Result<Response, HttpError> {
     let (params, options) = params::parse_with_options(query.as_deref(), &state.limits(), &["icicle"])?;
@@ -71,7 +73,7 @@ pub(super) async fn flamegraph_svg(
         Some(other) => return Err(invalid("icicle", other, "true or false")),
     };
     let filter = params.filter.clone();
-    let profile = recent_profile(&state, params).await?;
+    let profile = recent_profile(&state, params, visible).await?;
     let svg = render(move || {
         let title = flamegraph::title(&filter, &profile.window);
         let mut out = Vec::new();
@@ -85,6 +87,7 @@ pub(super) async fn flamegraph_svg(
 /// `GET /top`: `format=text|json`, `limit=N`.
 pub(super) async fn top_table(
     State(state): State<ServeState>,
+    Viewer(visible): Viewer,
     RawQuery(query): RawQuery,
 ) -> Result<Response, HttpError> {
     let (params, options) =
@@ -103,7 +106,7 @@ pub(super) async fn top_table(
             }
         }
     }
-    let profile = recent_profile(&state, params).await?;
+    let profile = recent_profile(&state, params, visible).await?;
     render(move || {
         let functions = top::top(&profile, limit);
         if json {
@@ -138,10 +141,11 @@ fn parse_limit(value: &str) -> Option<usize> {
 /// `GET /folded`: what `record --format folded` writes.
 pub(super) async fn folded_stacks(
     State(state): State<ServeState>,
+    Viewer(visible): Viewer,
     RawQuery(query): RawQuery,
 ) -> Result<Response, HttpError> {
     let params = params::parse_pprof(query.as_deref(), &state.limits())?;
-    let profile = recent_profile(&state, params).await?;
+    let profile = recent_profile(&state, params, visible).await?;
     let text = render(move || {
         let mut out = Vec::new();
         folded::write(&profile, &mut out)?;

@@ -3,7 +3,7 @@
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Query, Store, StoreStats, Window};
+use super::{Query, Store, StoreStats, Visible, Window};
 use crate::{profile::Profile, symbolize::SymbolizedSample};
 
 #[derive(Debug, thiserror::Error)]
@@ -23,6 +23,7 @@ enum Request {
     HasPid {
         pid: u32,
         window: Window,
+        visible: Visible,
         reply: oneshot::Sender<bool>,
     },
     Stats {
@@ -56,8 +57,13 @@ pub fn spawn(mut store: Store) -> (StoreHandle, tokio::task::JoinHandle<()>) {
                     store.expire(crate::unix_now_ms());
                     let _ = reply.send(store.query(&query));
                 }
-                Request::HasPid { pid, window, reply } => {
-                    let _ = reply.send(store.has_pid(pid, window));
+                Request::HasPid {
+                    pid,
+                    window,
+                    visible,
+                    reply,
+                } => {
+                    let _ = reply.send(store.has_pid(pid, window, visible));
                 }
                 Request::Stats { reply } => {
                     let _ = reply.send(store.stats());
@@ -90,8 +96,14 @@ impl StoreHandle {
         self.ask(|reply| Request::Query { query, reply }).await
     }
 
-    pub async fn has_pid(&self, pid: u32, window: Window) -> Result<bool, StoreClosed> {
-        self.ask(|reply| Request::HasPid { pid, window, reply }).await
+    pub async fn has_pid(&self, pid: u32, window: Window, visible: Visible) -> Result<bool, StoreClosed> {
+        self.ask(|reply| Request::HasPid {
+            pid,
+            window,
+            visible,
+            reply,
+        })
+        .await
     }
 
     pub async fn stats(&self) -> Result<StoreStats, StoreClosed> {

@@ -14,7 +14,7 @@ mod stacks;
 use std::{collections::HashMap, collections::VecDeque, sync::Arc, time::Duration};
 
 pub use actor::{StoreClosed, StoreHandle, spawn};
-pub use query::{Filter, Query, Window};
+pub use query::{Filter, Query, Visible, Window};
 
 use crate::{
     profile::Profile,
@@ -59,6 +59,7 @@ struct EntryKey {
     pid: u32,
     tid: u32,
     comm: Arc<str>,
+    uid: Option<u32>,
     thread_name: Arc<str>,
     stack: StackId,
 }
@@ -122,6 +123,7 @@ impl Store {
                 pid: sample.pid,
                 tid: sample.tid,
                 comm: sample.comm.clone(),
+                uid: sample.uid,
                 thread_name: sample.thread_name.clone(),
                 stack: key_stack,
             };
@@ -188,7 +190,7 @@ impl Store {
             }
             last = Some(bucket.time_ms);
             for (key, value) in &bucket.entries {
-                if query.filter.matches(key.pid, key.tid, &key.comm) {
+                if query.visible.allows(key.uid) && query.filter.matches(key.pid, key.tid, &key.comm) {
                     let total = totals.entry(key).or_default();
                     total.count += value.count;
                     total.cpu_ns += value.cpu_ns;
@@ -212,6 +214,7 @@ impl Store {
                     pid: key.pid,
                     tid: key.tid,
                     comm: key.comm.clone(),
+                    uid: key.uid,
                     thread_name: key.thread_name.clone(),
                     stack: self.stacks.get(key.stack)?.clone(),
                     count: totals.count,
@@ -226,12 +229,17 @@ impl Store {
         }
     }
 
-    /// True when any sample of `pid` is stored within `window`.
-    pub fn has_pid(&self, pid: u32, window: Window) -> bool {
+    /// True when any sample of `pid` that `visible` allows is stored within `window`.
+    pub fn has_pid(&self, pid: u32, window: Window, visible: Visible) -> bool {
         self.buckets
             .iter()
             .filter(|bucket| window.contains(bucket.time_ms))
-            .any(|bucket| bucket.entries.keys().any(|key| key.pid == pid))
+            .any(|bucket| {
+                bucket
+                    .entries
+                    .keys()
+                    .any(|key| key.pid == pid && visible.allows(key.uid))
+            })
     }
 
     pub fn stats(&self) -> StoreStats {

@@ -17,6 +17,26 @@ impl Filter {
     }
 }
 
+/// Whose processes a reader may see: the kernel's rule for profiling
+/// others (root and the access group see everything, anyone else only the
+/// processes whose real uid is theirs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Visible {
+    All,
+    OwnedBy(u32),
+}
+
+impl Visible {
+    /// Samples of unknown owner (their process could not be read) are
+    /// shown only to those who see everything.
+    pub fn allows(self, uid: Option<u32>) -> bool {
+        match self {
+            Visible::All => true,
+            Visible::OwnedBy(caller) => uid == Some(caller),
+        }
+    }
+}
+
 /// A time range in milliseconds since the Unix epoch, inclusive start,
 /// exclusive end, matched against the time of each drain.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,4 +84,5 @@ impl Window {
 pub struct Query {
     pub window: Window,
     pub filter: Filter,
+    pub visible: Visible,
 }

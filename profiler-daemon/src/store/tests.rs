@@ -30,6 +30,7 @@ fn sample(pid: u32, tid: u32, comm: &str, stack: &Arc<SymbolizedStack>, count: u
         pid,
         tid,
         comm: comm.into(),
+        uid: Some(pid + 1000),
         thread_name: comm.into(),
         stack: stack.clone(),
         count,
@@ -51,6 +52,7 @@ fn all(filter: Filter) -> Query {
     Query {
         window: Window::ALL,
         filter,
+        visible: Visible::All,
     }
 }
 
@@ -86,6 +88,7 @@ fn window_selects_buckets() {
     let last3 = store.query(&Query {
         window: Window::last(3, 109_000),
         filter: Filter::default(),
+        visible: Visible::All,
     });
     assert_eq!(
         last3.total_samples(),
@@ -95,6 +98,7 @@ fn window_selects_buckets() {
     let between = store.query(&Query {
         window: Window::between_drains(104_000, 106_000),
         filter: Filter::default(),
+        visible: Visible::All,
     });
     assert_eq!(
         between.total_samples(),
@@ -198,13 +202,41 @@ fn memory_bound_evicts_oldest_and_never_exceeds() {
 fn has_pid_looks_only_inside_the_window() {
     let mut store = store(300, 1 << 20);
     store.ingest(50_000, &[sample(42, 42, "w", &stack(&["f"]), 1)]);
-    assert!(store.has_pid(42, Window::ALL));
+    assert!(store.has_pid(42, Window::ALL, Visible::All));
     assert!(!store.has_pid(
         42,
         Window {
             start_ms: 51_000,
             end_ms: 60_000
-        }
+        },
+        Visible::All
     ));
-    assert!(!store.has_pid(43, Window::ALL));
+    assert!(!store.has_pid(43, Window::ALL, Visible::All));
+}
+
+#[test]
+fn a_caller_sees_only_the_samples_of_its_own_uid() {
+    let mut store = store(300, 1 << 20);
+    let f = stack(&["f"]);
+    let mut unknown = sample(7, 7, "gone", &f, 4);
+    unknown.uid = None;
+    // sample() gives pid P the uid P + 1000.
+    store.ingest(
+        50_000,
+        &[sample(1, 1, "a", &f, 1), sample(2, 2, "b", &f, 2), unknown],
+    );
+    let pids = |visible| {
+        let mut query = all(Filter::default());
+        query.visible = visible;
+        let mut pids: Vec<u32> = store.query(&query).samples.iter().map(|s| s.pid).collect();
+        pids.sort_unstable();
+        pids
+    };
+    assert_eq!(pids(Visible::All), vec![1, 2, 7]);
+    assert_eq!(pids(Visible::OwnedBy(1002)), vec![2]);
+    assert_eq!(pids(Visible::OwnedBy(5)), Vec::<u32>::new());
+    assert!(store.has_pid(2, Window::ALL, Visible::OwnedBy(1002)));
+    assert!(!store.has_pid(1, Window::ALL, Visible::OwnedBy(1002)));
+    assert!(!store.has_pid(7, Window::ALL, Visible::OwnedBy(1002)));
+    assert!(store.has_pid(7, Window::ALL, Visible::All));
 }

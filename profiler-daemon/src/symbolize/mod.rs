@@ -113,6 +113,7 @@ impl Symbolizer {
                 Some(process) if !process.comm.is_empty() => process.comm.clone(),
                 _ => thread_name.clone(),
             };
+            let uid = process.and_then(|process| process.uid);
             let stack = stacks
                 .entry((key.tgid, key.instance, key.user_stack_id, key.kernel_stack_id))
                 .or_insert_with(|| {
@@ -129,6 +130,7 @@ impl Symbolizer {
                 pid: key.tgid,
                 tid: key.tid,
                 comm,
+                uid,
                 thread_name,
                 stack,
                 count: sample.count,

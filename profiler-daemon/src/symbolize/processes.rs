@@ -20,6 +20,8 @@ pub struct UserMapping {
 
 pub struct ProcessEntry {
     pub comm: Arc<str>,
+    /// The real uid when the snapshot was read.
+    pub uid: Option<u32>,
     /// Sorted by `start`.
     pub mappings: Vec<UserMapping>,
     last_batch: u64,
@@ -214,6 +216,7 @@ fn entry_from(snapshot: ProcessSnapshot, resolver: &Resolver, batch: u64) -> Pro
         .collect();
     ProcessEntry {
         comm: snapshot.comm.into(),
+        uid: snapshot.uid,
         mappings,
         last_batch: batch,
     }

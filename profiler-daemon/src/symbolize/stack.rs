@@ -84,6 +84,9 @@ pub struct SymbolizedSample {
     pub tid: u32,
     /// Process name.
     pub comm: Arc<str>,
+    /// The process's real uid, read with its mappings; `None` when they
+    /// could not be read (only root and the access group see those).
+    pub uid: Option<u32>,
     pub thread_name: Arc<str>,
     pub stack: Arc<SymbolizedStack>,
     pub count: u64,

@@ -11,6 +11,7 @@ fn profile(samples: &[(&str, &[(&str, FrameKind)])]) -> Profile {
             pid: 7,
             tid: 7,
             comm: (*comm).into(),
+            uid: None,
             thread_name: (*comm).into(),
             stack: Arc::new(SymbolizedStack {
                 locations: frames
