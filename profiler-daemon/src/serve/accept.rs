@@ -129,12 +129,11 @@ struct Connection {
 
 impl Connection {
     async fn serve(mut self, stream: TcpStream, router: Router, builder: http1::Builder) {
-        // Once per connection, before its first request: the client's socket
-        // cannot change hands while the connection lasts.
+        // Once per connection, at its first request (not at accept: an idle
+        // connection costs no lookup and no blocking thread); the client's
+        // socket cannot change hands while the connection lasts.
+        let identity: Arc<tokio::sync::OnceCell<Caller>> = Arc::default();
         let (policy, peer) = (self.policy.clone(), self.peer);
-        let caller = tokio::task::spawn_blocking(move || policy.identify(peer))
-            .await
-            .unwrap_or_else(|_| Caller::unknown("identifying the user failed"));
         let slot = self.admission.slot().clone();
         let io = TokioIo::new(Watched {
             stream,
@@ -144,10 +143,19 @@ impl Connection {
         let service = service_fn(move |request: Request<Incoming>| {
             let guard = for_requests.begin_request();
             let mut request = request.map(Body::new);
-            request.extensions_mut().insert(caller.clone());
-            let response = router.clone().call(request);
+            let mut router = router.clone();
+            let (identity, policy) = (identity.clone(), policy.clone());
             async move {
-                let response = response.await?;
+                let caller = identity
+                    .get_or_init(|| async move {
+                        tokio::task::spawn_blocking(move || policy.identify(peer))
+                            .await
+                            .unwrap_or_else(|_| Caller::unknown("identifying the user failed"))
+                    })
+                    .await
+                    .clone();
+                request.extensions_mut().insert(caller);
+                let response = router.call(request).await?;
                 Ok::<_, Infallible>(response.map(|body| Body::new(GuardedBody { body, _guard: guard })))
             }
         });
