@@ -266,3 +266,107 @@ fn a_user_sees_only_their_own_processes_root_and_the_group_see_all() {
     drop(own);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `GET path` over the Unix socket with curl, as root or as the user: (status, body).
+fn get_over_socket(socket: &Path, path: &str, as_user: bool) -> (u16, String) {
+    let mut command = if as_user {
+        attacker().command("curl")
+    } else {
+        Command::new("curl")
+    };
+    let output = command
+        .args([
+            "-sS",
+            "--max-time",
+            "60",
+            "-o",
+            "-",
+            "-w",
+            "%{http_code}",
+            "--unix-socket",
+        ])
+        .arg(socket)
+        .arg(format!("http://localhost{path}"))
+        .output()
+        .expect("running curl");
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    let (body, status) = text.split_at(text.len().saturating_sub(3));
+    (status.parse().unwrap_or(0), body.to_owned())
+}
+
+#[test]
+fn over_the_unix_socket_a_user_sees_only_their_own_processes() {
+    let _serial = serial();
+    let user = attacker();
+    let dir = user.workdir(Path::new("/tmp"), "access-unix");
+    let split = user.own_copy(Path::new(SPLIT), &dir, "user_split");
+    let mut own = Killed(
+        user.command(&split)
+            .arg("60")
+            .spawn()
+            .expect("starting the user's workload"),
+    );
+    let user_pid = own.0.id();
+    let root = Workload::spawn(ROOT_SECRET, &["60"]);
+    let socket = std::env::temp_dir().join(format!("profilerd-access-{}.sock", std::process::id()));
+    let listen = format!("unix:{}", socket.display());
+    let mut daemon = Killed(
+        Command::new(profilerd_tests::profilerd_bin())
+            .args(["--listen", &listen, "--access-group", GROUP])
+            .spawn()
+            .expect("starting profilerd on a Unix socket"),
+    );
+
+    // Both workloads sampled, as root sees it over the socket.
+    let started = Instant::now();
+    loop {
+        let (status, folded) = get_over_socket(&socket, "/folded?seconds=30", false);
+        if status == 200 && folded.contains("root_only_secret_function") && folded.contains("hot_a") {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(40),
+            "root should see both workloads over {listen} within 40 s (status {status}):\n{folded}"
+        );
+        assert!(
+            daemon.0.try_wait().expect("polling").is_none(),
+            "profilerd exited (it needs root)"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(&socket).expect("the socket").permissions(),
+    );
+    assert_eq!(
+        mode & 0o777,
+        0o666,
+        "every local user may connect; the daemon filters"
+    );
+
+    let (status, folded) = get_over_socket(&socket, "/folded?seconds=30", true);
+    assert_eq!(status, 200, "the user over {listen}: {folded}");
+    assert!(
+        folded.contains("hot_a"),
+        "the user sees their own hot_a:\n{folded}"
+    );
+    for secret in ["root_only_", "root_secret"] {
+        assert!(
+            !folded.contains(secret),
+            "the user over {listen} must not see {secret:?}:\n{folded}"
+        );
+    }
+    let (status, _) = get_over_socket(&socket, &format!("/pprof?pid={}&seconds=30", root.pid()), true);
+    assert_eq!(status, 404, "root's pid is not the user's to see");
+    let (status, _) = get_over_socket(&socket, &format!("/pprof?pid={user_pid}&seconds=30"), true);
+    assert_eq!(status, 200, "the user's own pid");
+
+    // SIGTERM: the daemon removes its socket file.
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(daemon.0.id() as i32, libc::SIGTERM) };
+    let status = daemon.0.wait().expect("waiting for profilerd");
+    assert!(status.success(), "profilerd should exit 0 on SIGTERM: {status}");
+    assert!(!socket.exists(), "the socket file goes with the daemon");
+    drop(root);
+    let _ = own.0.kill();
+    let _ = std::fs::remove_dir_all(&dir);
+}

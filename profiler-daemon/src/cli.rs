@@ -1,6 +1,6 @@
 //! Command-line interface. `profilerd` alone runs the daemon.
 
-use std::{net::SocketAddr, path::PathBuf, time::Duration};
+use std::{path::PathBuf, time::Duration};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use profiler_common::maps;
@@ -8,7 +8,7 @@ use profiler_common::maps;
 use crate::{
     collect::{DEFAULT_MAX_OPEN_FILES, MapSizes, SamplerOptions, UnwindMode},
     pipeline::{PipelineOptions, SymbolizerOptions},
-    serve::connections::ConnectionLimits,
+    serve::{ListenAddress, connections::ConnectionLimits},
     store::StoreConfig,
 };
 
@@ -86,10 +86,11 @@ pub struct DaemonArgs {
     /// /etc/profilerd/profilerd.toml when it exists.
     #[arg(long)]
     pub config: Option<PathBuf>,
-    /// Address of the HTTP server. Profiles reveal code and process names:
-    /// keep it on loopback unless a proxy guards it.
+    /// Address of the HTTP server: IP:PORT, or unix:/absolute/path for a
+    /// Unix socket. Profiles reveal code and process names: keep it on
+    /// loopback (or a Unix socket) unless a proxy guards it.
     #[arg(long, default_value = "127.0.0.1:7040")]
-    pub listen: SocketAddr,
+    pub listen: ListenAddress,
     /// How long samples are kept, in seconds.
     #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub retention_seconds: u64,

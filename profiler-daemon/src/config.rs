@@ -3,7 +3,6 @@
 //! the file wins over the built-in defaults.
 
 use std::{
-    net::SocketAddr,
     ops::RangeInclusive,
     path::{Path, PathBuf},
 };
@@ -11,7 +10,7 @@ use std::{
 use clap::{ArgMatches, parser::ValueSource};
 use serde::Deserialize;
 
-use crate::cli::DaemonArgs;
+use crate::{cli::DaemonArgs, serve::ListenAddress};
 
 pub const DEFAULT_PATH: &str = "/etc/profilerd/profilerd.toml";
 
@@ -22,7 +21,7 @@ pub const EXIT_CONFIG: u8 = 78;
 #[derive(Debug, Default, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
-    pub listen: Option<SocketAddr>,
+    pub listen: Option<ListenAddress>,
     pub retention_seconds: Option<u64>,
     pub store_max_mb: Option<u64>,
     pub frequency: Option<u64>,
@@ -160,7 +159,9 @@ impl Config {
         // Only reached with values inside RANGES, which all fit in u32.
         let narrow = |value: Option<u64>| value.map(|value| u32::try_from(value).unwrap_or(u32::MAX));
         let sampling = &mut args.sampling;
-        set(&mut args.listen, self.listen, from_file("listen"));
+        if let (Some(listen), true) = (&self.listen, from_file("listen")) {
+            args.listen = listen.clone();
+        }
         set(
             &mut args.retention_seconds,
             self.retention_seconds,

@@ -2,7 +2,6 @@
 //! over HTTP until stopped.
 
 use std::{
-    net::SocketAddr,
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -12,7 +11,7 @@ use tokio::sync::watch;
 use crate::{
     cli::DaemonArgs,
     pipeline::{Pipeline, PipelineError},
-    serve::{self, ServeState, access::AccessPolicy},
+    serve::{self, ListenAddress, ServeState, access::AccessPolicy},
     store::StoreConfig,
     supervise::{self, EndReason, StageEnd, Supervisor},
 };
@@ -26,7 +25,7 @@ pub const EXIT_BPF_LOAD: u8 = 77;
 pub enum DaemonError {
     #[error("cannot listen on {address}")]
     Bind {
-        address: SocketAddr,
+        address: ListenAddress,
         #[source]
         source: std::io::Error,
     },
@@ -55,11 +54,11 @@ impl DaemonError {
 pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     raise_fd_limit(args.http.limits().max_connections);
     // Bind before loading BPF: a taken port fails fast and says so.
-    let listener = serve::bind(args.listen).map_err(|source| DaemonError::Bind {
-        address: args.listen,
+    let listener = serve::bind(&args.listen).map_err(|source| DaemonError::Bind {
+        address: args.listen.clone(),
         source,
     })?;
-    let address = listener.local_addr().unwrap_or(args.listen);
+    let reach = listener.describe();
     let retention = Duration::from_secs(args.retention_seconds);
     let store = StoreConfig {
         retention,
@@ -78,7 +77,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         }
         Err(err) => return Err(err.into()),
     };
-    tracing::info!(listen = %address, "profilerd running: http://{address}/pprof?seconds=10");
+    tracing::info!(listen = %args.listen, "profilerd running: {reach}");
     // Under systemd (Type=notify): ready only now, with the programs attached
     // and the listener bound. Without NOTIFY_SOCKET this does nothing.
     if let Err(err) = sd_notify::notify(&[sd_notify::NotifyState::Ready]) {

@@ -161,7 +161,7 @@ fn check_config_output_parses_back_to_the_same_settings() {
     let (args, _) = daemon_args(&["profilerd", "--frequency", "199"]);
     let config = Config::parse(&describe(&args), "described").expect("describe writes valid TOML");
     assert_eq!(config.frequency, Some(199));
-    assert_eq!(config.listen, Some(args.listen));
+    assert_eq!(config.listen, Some(args.listen.clone()));
 }
 
 #[test]

@@ -9,7 +9,6 @@
 use std::{
     convert::Infallible,
     io,
-    net::SocketAddr,
     pin::{Pin, pin},
     sync::Arc,
     task::{Context, Poll},
@@ -25,7 +24,7 @@ use hyper::{body::Incoming, server::conn::http1, service::service_fn};
 use hyper_util::rt::TokioIo;
 use tokio::{
     io::{AsyncRead, AsyncWrite, ReadBuf},
-    net::{TcpListener, TcpSocket, TcpStream},
+    net::{TcpStream, UnixStream},
     sync::watch,
     task::JoinSet,
 };
@@ -34,6 +33,7 @@ use tower_service::Service;
 use super::{
     access::{AccessPolicy, Caller, Peer},
     connections::{Admission, CloseReason, ConnectionTable, RequestGuard, Slot},
+    listener::{Accepted, Listener},
 };
 
 /// The most a request's head may take (request line and headers). hyper's
@@ -41,30 +41,11 @@ use super::{
 /// 200 MB. Go's default limit is 1 MiB, nginx's 32 KiB; our URLs are short.
 const MAX_HEAD_BYTES: usize = 32 << 10;
 
-/// Connections the kernel completes before we accept them. std's and
-/// tokio's 128 fills in a burst of connects, and then every new client's
-/// SYN is dropped and retried a second later: a flood of connections would
-/// add a second to each scrape. The kernel caps it at net.core.somaxconn.
-const LISTEN_BACKLOG: u32 = 4096;
-
-/// Binds `address` as `TcpListener::bind` does (SO_REUSEADDR), with a
-/// deeper accept queue.
-pub fn bind(address: SocketAddr) -> io::Result<TcpListener> {
-    let socket = if address.is_ipv4() {
-        TcpSocket::new_v4()?
-    } else {
-        TcpSocket::new_v6()?
-    };
-    socket.set_reuseaddr(true)?;
-    socket.bind(address)?;
-    socket.listen(LISTEN_BACKLOG)
-}
-
 /// Serves `router` on `listener` until `stopping` turns true, then closes
 /// the connections that wait for a request and lets the others finish.
 /// Dropping the returned future aborts every connection.
 pub(super) async fn run(
-    listener: TcpListener,
+    listener: Listener,
     router: Router,
     table: Arc<ConnectionTable>,
     policy: AccessPolicy,
@@ -83,7 +64,7 @@ pub(super) async fn run(
             Some(_) = tasks.join_next(), if !tasks.is_empty() => continue,
             accepted = listener.accept() => accepted,
         };
-        let (stream, client) = match accepted {
+        let accepted = match accepted {
             Ok(accepted) => {
                 errors.consecutive = 0;
                 accepted
@@ -104,14 +85,23 @@ pub(super) async fn run(
         // Refused: every connection has a request in flight. Dropping the
         // stream closes it at once.
         let Some(admission) = admission else { continue };
-        // The address the client reached: on a wildcard listener, not the listener's.
-        let Ok(server) = stream.local_addr() else {
-            continue;
+        let (stream, peer) = match accepted {
+            Accepted::Tcp(stream, client) => {
+                // The address the client reached: on a wildcard listener, not the listener's.
+                let Ok(server) = stream.local_addr() else {
+                    continue;
+                };
+                (Stream::Tcp(stream), Peer::Tcp { client, server })
+            }
+            Accepted::Unix(stream) => {
+                let uid = stream.peer_cred().ok().map(|credentials| credentials.uid());
+                (Stream::Unix(stream), Peer::Unix { uid })
+            }
         };
         let conn = Connection {
             admission,
             stopping: stopping.clone(),
-            peer: Peer::Tcp { client, server },
+            peer,
             policy: policy.clone(),
         };
         tasks.spawn(conn.serve(stream, router.clone(), builder.clone()));
@@ -128,7 +118,7 @@ struct Connection {
 }
 
 impl Connection {
-    async fn serve(mut self, stream: TcpStream, router: Router, builder: http1::Builder) {
+    async fn serve(mut self, stream: Stream, router: Router, builder: http1::Builder) {
         // Once per connection, at its first request (not at accept: an idle
         // connection costs no lookup and no blocking thread); the client's
         // socket cannot change hands while the connection lasts.
@@ -213,8 +203,64 @@ async fn sleep_until(deadline: Option<Instant>) {
 /// The socket, telling the connection's [`Slot`] when bytes arrive and
 /// whether a response write is stuck on the client.
 struct Watched {
-    stream: TcpStream,
+    stream: Stream,
     slot: Arc<Slot>,
+}
+
+/// A connection's socket, TCP or Unix.
+enum Stream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl AsyncRead for Stream {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Tcp(stream) => Pin::new(stream).poll_read(cx, buf),
+            Stream::Unix(stream) => Pin::new(stream).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Tcp(stream) => Pin::new(stream).poll_write(cx, data),
+            Stream::Unix(stream) => Pin::new(stream).poll_write(cx, data),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Tcp(stream) => Pin::new(stream).poll_write_vectored(cx, data),
+            Stream::Unix(stream) => Pin::new(stream).poll_write_vectored(cx, data),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Stream::Tcp(stream) => stream.is_write_vectored(),
+            Stream::Unix(stream) => stream.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Tcp(stream) => Pin::new(stream).poll_flush(cx),
+            Stream::Unix(stream) => Pin::new(stream).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Tcp(stream) => Pin::new(stream).poll_shutdown(cx),
+            Stream::Unix(stream) => Pin::new(stream).poll_shutdown(cx),
+        }
+    }
 }
 
 impl AsyncRead for Watched {

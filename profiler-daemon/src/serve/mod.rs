@@ -20,6 +20,7 @@ pub mod access;
 pub mod connections;
 mod handlers;
 mod index;
+pub mod listener;
 pub mod metrics;
 pub mod params;
 pub mod threads;
@@ -33,9 +34,9 @@ use axum::{
     response::{IntoResponse, Response},
     routing::{any, get},
 };
-use tokio::{net::TcpListener, sync::watch};
+use tokio::sync::watch;
 
-pub use self::accept::bind;
+pub use self::listener::{ListenAddress, Listener, bind};
 use self::{
     access::AccessPolicy,
     connections::{ConnectionLimits, ConnectionTable},
@@ -102,7 +103,7 @@ pub fn router(state: ServeState) -> Router {
 /// for a request and lets in-flight requests finish (blocking profiles end
 /// early with what they have). Dropping the future cuts every connection.
 pub async fn serve(
-    listener: TcpListener,
+    listener: Listener,
     mut state: ServeState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
