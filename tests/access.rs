@@ -370,3 +370,74 @@ fn over_the_unix_socket_a_user_sees_only_their_own_processes() {
     let _ = own.0.kill();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A GET as the unprivileged user with `Authorization: Bearer TOKEN`: (status, headers and body).
+fn get_as_user_with_token(url: &str, token: &str) -> (u16, String) {
+    let output = attacker()
+        .command("curl")
+        .args(["-sS", "-i", "--max-time", "60", "-H"])
+        .arg(format!("Authorization: Bearer {token}"))
+        .args(["-o", "-", "-w", "%{http_code}", url])
+        .output()
+        .expect("running curl as the unprivileged user");
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    let (body, status) = text.split_at(text.len().saturating_sub(3));
+    (status.parse().unwrap_or(0), body.to_owned())
+}
+
+#[test]
+fn a_bearer_token_sees_every_process_and_a_wrong_one_gets_401() {
+    let _serial = serial();
+    let token_file = std::env::temp_dir().join(format!("profilerd-access-{}.token", std::process::id()));
+    let token = "a-test-token-of-32-characters-00";
+    std::fs::write(&token_file, format!("{token}\n")).expect("writing the token file");
+    let root = Workload::spawn(ROOT_SECRET, &["60"]);
+    let daemon = Daemon::start(&["--access-token-file", token_file.to_str().expect("utf-8 path")]);
+    let url = daemon.url("/folded?seconds=30");
+    let started = Instant::now();
+    let folded = loop {
+        let (status, text) = get_as_user_with_token(&url, token);
+        if status == 200 && text.contains("root_only_secret_function") {
+            break text;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the token holder should see root's workload within 30 s (status {status}):\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    assert!(folded.contains("root_secret"), "{folded}");
+
+    let (status, text) = get_as_user_with_token(&url, "a-wrong-token-of-32-characters-0");
+    assert_eq!(status, 401, "a wrong token: {text}");
+    let lower = text.to_ascii_lowercase();
+    assert!(
+        lower.contains("www-authenticate: bearer") && lower.contains("x-go-pprof: 1"),
+        "a 401 says how to authenticate, like the other errors:\n{text}"
+    );
+    assert!(!text.contains("root_"), "a 401 shows nothing:\n{text}");
+
+    // Without a token a local user is still identified by the kernel.
+    let own = text_as_user(&url);
+    assert!(!own.contains("root_only_"), "no token, no root processes:\n{own}");
+    drop(root);
+    let _ = std::fs::remove_file(&token_file);
+}
+
+#[test]
+fn listening_beyond_loopback_needs_a_token_or_insecure() {
+    let output = Command::new(profilerd_tests::profilerd_bin())
+        .args(["--listen", "0.0.0.0:0"])
+        .output()
+        .expect("running profilerd");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(
+        output.status.code(),
+        Some(78),
+        "a listener beyond loopback with no token must refuse to start (EX_CONFIG): {stderr}"
+    );
+    assert!(
+        stderr.contains("access_token_file"),
+        "and say what to set: {stderr}"
+    );
+}

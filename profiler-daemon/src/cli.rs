@@ -101,6 +101,15 @@ pub struct DaemonArgs {
     /// user sees only the processes they own.
     #[arg(long, default_value = crate::serve::access::DEFAULT_GROUP)]
     pub access_group: String,
+    /// A file holding a bearer token: a request with `Authorization: Bearer
+    /// TOKEN` sees every process (scrapers on other machines).
+    #[arg(long)]
+    pub access_token_file: Option<PathBuf>,
+    /// Listen beyond loopback without a token: anyone who can reach the port
+    /// is refused profiles (403) unless they are a local user, but the
+    /// daemon starts. Without it, listening beyond loopback needs a token.
+    #[arg(long)]
+    pub insecure: bool,
     #[command(flatten)]
     pub sampling: SamplingArgs,
     #[command(flatten)]

@@ -38,6 +38,8 @@ pub struct Config {
     pub http_header_timeout_ms: Option<u64>,
     pub http_idle_timeout_seconds: Option<u64>,
     pub access_group: Option<String>,
+    pub access_token_file: Option<PathBuf>,
+    pub insecure: Option<bool>,
 }
 
 /// Every error names the file and, when known, the line (`FILE:LINE:`), so
@@ -72,7 +74,13 @@ fn line_prefix(line: Option<usize>) -> String {
 }
 
 /// The keys that are not numbers (RANGES has the others).
-pub const OTHER_KEYS: [&str; 3] = ["listen", "unwind", "access_group"];
+pub const OTHER_KEYS: [&str; 5] = [
+    "listen",
+    "unwind",
+    "access_group",
+    "access_token_file",
+    "insecure",
+];
 
 /// The accepted range of each numeric key: the same as its flag's (a test
 /// checks them against clap's).
@@ -214,6 +222,11 @@ impl Config {
             self.unwind_table_memory_mb,
             from_file("unwind_table_memory_mb"),
         );
+        if let (Some(file), true) = (&self.access_token_file, from_file("access_token_file")) {
+            // `check-config` prints "" for none.
+            args.access_token_file = (!file.as_os_str().is_empty()).then(|| file.clone());
+        }
+        set(&mut args.insecure, self.insecure, from_file("insecure"));
         if let (Some(group), true) = (&self.access_group, from_file("access_group")) {
             args.access_group.clone_from(group);
         }
@@ -303,7 +316,7 @@ pub fn describe(args: &DaemonArgs) -> String {
          max_open_files = {}\nsymbolizer_memory_mb = {}\nsymbolizer_deadline_ms = {}\n\
          unwind = \"{}\"\nunwind_table_memory_mb = {}\n\
          http_max_connections = {}\nhttp_header_timeout_ms = {}\nhttp_idle_timeout_seconds = {}\n\
-         access_group = {:?}\n",
+         access_group = {:?}\naccess_token_file = {:?}\ninsecure = {}\n",
         args.listen,
         args.retention_seconds,
         args.store_max_mb,
@@ -320,7 +333,12 @@ pub fn describe(args: &DaemonArgs) -> String {
         h.http_max_connections,
         h.http_header_timeout_ms,
         h.http_idle_timeout_seconds,
-        args.access_group
+        args.access_group,
+        args.access_token_file
+            .as_deref()
+            .map(|path| path.display().to_string())
+            .unwrap_or_default(),
+        args.insecure
     )
 }
 

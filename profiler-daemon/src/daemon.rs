@@ -29,6 +29,8 @@ pub enum DaemonError {
         #[source]
         source: std::io::Error,
     },
+    #[error("{0}")]
+    Access(String),
     #[error("cannot load the BPF programs")]
     Load(#[source] PipelineError),
     #[error(transparent)]
@@ -45,6 +47,7 @@ impl DaemonError {
     pub fn exit_status(&self) -> u8 {
         match self {
             Self::Load(_) => EXIT_BPF_LOAD,
+            Self::Access(_) => crate::config::EXIT_CONFIG,
             Self::StageEnded(_) => supervise::EXIT_STAGE_FAILED,
             Self::Bind { .. } | Self::Pipeline(_) | Self::Serve(_) => 1,
         }
@@ -53,6 +56,7 @@ impl DaemonError {
 
 pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     raise_fd_limit(args.http.limits().max_connections);
+    let policy = access_policy(&args)?;
     // Bind before loading BPF: a taken port fails fast and says so.
     let listener = serve::bind(&args.listen).map_err(|source| DaemonError::Bind {
         address: args.listen.clone(),
@@ -91,12 +95,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
         let _ = signalled.send(Some(Instant::now()));
     };
-    let state = ServeState::new(
-        pipeline.clone(),
-        retention,
-        args.http.limits(),
-        AccessPolicy::new(&args.access_group),
-    );
+    let state = ServeState::new(pipeline.clone(), retention, args.http.limits(), policy);
     // A task of its own, so that a panic in it is seen like any stage's.
     let mut server = tokio::spawn(serve::serve(listener, state, shutdown));
     let progress = pipeline.clone();
@@ -280,4 +279,40 @@ pub async fn wait_for_shutdown_signal() {
             let _ = tokio::signal::ctrl_c().await;
         }
     }
+}
+
+/// The access policy the settings ask for. A listener beyond loopback needs
+/// a bearer token (or `insecure`, which is logged): its clients are not
+/// local users the kernel can name.
+fn access_policy(args: &DaemonArgs) -> Result<AccessPolicy, DaemonError> {
+    let mut policy = AccessPolicy::new(&args.access_group);
+    if let Some(path) = &args.access_token_file {
+        let text = std::fs::read_to_string(path).map_err(|err| {
+            DaemonError::Access(format!("reading the access token {}: {err}", path.display()))
+        })?;
+        let token = text.trim();
+        if token.len() < 16 {
+            return Err(DaemonError::Access(format!(
+                "the access token in {} is shorter than 16 characters",
+                path.display()
+            )));
+        }
+        policy = policy.with_token(token.as_bytes());
+    }
+    if let ListenAddress::Tcp(address) = &args.listen
+        && !address.ip().is_loopback()
+        && !policy.has_token()
+    {
+        if !args.insecure {
+            return Err(DaemonError::Access(format!(
+                "listening on {address}, beyond loopback, needs access_token_file (or insecure = true)"
+            )));
+        }
+        tracing::warn!(
+            listen = %address,
+            "listening beyond loopback with no access token (insecure = true): remote clients get 403 on \
+             every profile endpoint, /metrics is open to them"
+        );
+    }
+    Ok(policy)
 }

@@ -31,7 +31,7 @@ use tokio::{
 use tower_service::Service;
 
 use super::{
-    access::{AccessPolicy, Caller, Peer},
+    access::{AccessPolicy, Bearer, Caller, Peer, Unauthorized},
     connections::{Admission, CloseReason, ConnectionTable, RequestGuard, Slot},
     listener::{Accepted, Listener},
 };
@@ -136,15 +136,35 @@ impl Connection {
             let mut router = router.clone();
             let (identity, policy) = (identity.clone(), policy.clone());
             async move {
-                let caller = identity
-                    .get_or_init(|| async move {
-                        tokio::task::spawn_blocking(move || policy.identify(peer))
+                match policy.bearer(request.headers()) {
+                    Bearer::Valid => {
+                        request.extensions_mut().insert(Caller::token_holder());
+                    }
+                    Bearer::Invalid => {
+                        request
+                            .extensions_mut()
+                            .insert(Unauthorized("the bearer token is not this daemon's"));
+                    }
+                    Bearer::Absent => {
+                        let needs_token = policy.has_token();
+                        let caller = identity
+                            .get_or_init(|| async move {
+                                tokio::task::spawn_blocking(move || policy.identify(peer))
+                                    .await
+                                    .unwrap_or_else(|_| Caller::unknown("identifying the user failed"))
+                            })
                             .await
-                            .unwrap_or_else(|_| Caller::unknown("identifying the user failed"))
-                    })
-                    .await
-                    .clone();
-                request.extensions_mut().insert(caller);
+                            .clone();
+                        // With a token configured, a caller the kernel cannot
+                        // name (another machine) is asked for it.
+                        if needs_token && !caller.is_known() {
+                            request.extensions_mut().insert(Unauthorized(
+                                "a bearer token is needed (Authorization: Bearer TOKEN)",
+                            ));
+                        }
+                        request.extensions_mut().insert(caller);
+                    }
+                }
                 let response = router.call(request).await?;
                 Ok::<_, Infallible>(response.map(|body| Body::new(GuardedBody { body, _guard: guard })))
             }

@@ -151,6 +151,9 @@ impl IntoResponse for HttpError {
             HeaderValue::from_static("text/plain; charset=utf-8"),
         );
         headers.insert("x-go-pprof", HeaderValue::from_static("1"));
+        if self.status == StatusCode::UNAUTHORIZED {
+            headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
         headers.insert(
             header::X_CONTENT_TYPE_OPTIONS,
             HeaderValue::from_static("nosniff"),

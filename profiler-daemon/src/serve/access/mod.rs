@@ -11,7 +11,10 @@ mod sock_diag;
 
 use std::{net::SocketAddr, sync::Arc};
 
-use axum::{extract::FromRequestParts, http::StatusCode, http::request::Parts};
+use axum::{
+    extract::FromRequestParts,
+    http::{HeaderMap, StatusCode, header::AUTHORIZATION, request::Parts},
+};
 
 use super::HttpError;
 use crate::store::Visible;
@@ -37,11 +40,56 @@ pub enum Peer {
 #[derive(Clone, Debug)]
 pub struct AccessPolicy {
     group: Arc<str>,
+    /// A request bearing it sees every process (scrapers elsewhere).
+    token: Option<Arc<[u8]>>,
+}
+
+/// What a request's `Authorization` header says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bearer {
+    /// No token is configured, or the request has none: identify the user.
+    Absent,
+    Valid,
+    Invalid,
 }
 
 impl AccessPolicy {
     pub fn new(group: &str) -> Self {
-        Self { group: group.into() }
+        Self {
+            group: group.into(),
+            token: None,
+        }
+    }
+
+    /// Accepts requests bearing `token` as seeing every process.
+    pub fn with_token(mut self, token: &[u8]) -> Self {
+        self.token = Some(token.into());
+        self
+    }
+
+    pub fn has_token(&self) -> bool {
+        self.token.is_some()
+    }
+
+    /// Checks a request's bearer token, in time independent of where it
+    /// differs (a remote guesser learns nothing from the timing).
+    pub fn bearer(&self, headers: &HeaderMap) -> Bearer {
+        let Some(token) = &self.token else {
+            return Bearer::Absent;
+        };
+        let Some(given) = headers
+            .get(AUTHORIZATION)
+            .and_then(|value| value.as_bytes().strip_prefix(b"Bearer "))
+        else {
+            return Bearer::Absent;
+        };
+        let differs = given.len() != token.len()
+            || given
+                .iter()
+                .zip(token.iter())
+                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                != 0;
+        if differs { Bearer::Invalid } else { Bearer::Valid }
     }
 
     /// Blocking: asks the kernel and the user database (which may be remote).
@@ -78,7 +126,21 @@ impl Caller {
     pub fn unknown(reason: &str) -> Self {
         Caller(Err(reason.into()))
     }
+
+    /// A request with the configured bearer token.
+    pub fn token_holder() -> Self {
+        Caller(Ok(Visible::All))
+    }
+
+    pub fn is_known(&self) -> bool {
+        self.0.is_ok()
+    }
 }
+
+/// A request whose bearer token is wrong, or which needs one and has none:
+/// 401 on every endpoint that shows processes.
+#[derive(Clone, Debug)]
+pub struct Unauthorized(pub &'static str);
 
 /// The processes a request may see; 403 when its user is unknown.
 #[derive(Clone, Copy, Debug)]
@@ -88,6 +150,9 @@ impl<S: Send + Sync> FromRequestParts<S> for Viewer {
     type Rejection = HttpError;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, HttpError> {
+        if let Some(Unauthorized(reason)) = parts.extensions.get::<Unauthorized>() {
+            return Err(HttpError::new(StatusCode::UNAUTHORIZED, (*reason).to_owned()));
+        }
         let reason = match parts.extensions.get::<Caller>() {
             Some(Caller(Ok(visible))) => return Ok(Viewer(*visible)),
             Some(Caller(Err(reason))) => reason.to_string(),
