@@ -184,29 +184,44 @@ fn full_maps_are_counted_in_metrics_and_recovered_from() {
     // process ran around it: the few ms from our reads to the drains are all
     // the two differ by.
     let full = "profilerd_samples_lost_total{reason=\"counts_map_full\"}";
-    let lost_before = metric(&daemon.get("/metrics").text(), full);
+    let before = daemon.get("/metrics").text();
     let meter = CpuMeter::start(&[split.pid()]);
-    let raw = profile_of(
-        &daemon,
-        "recovered.pb.gz",
-        &format!("/debug/pprof/profile?pid={}&seconds=5", split.pid()),
-    );
+    let raw = profile_of(&daemon, "recovered.pb.gz", "/debug/pprof/profile?seconds=5");
     let cpu = meter.stop();
-    // The map is shared by every process on the machine: a busy one can
-    // fill 16 entries by itself, and then the premise of this check is gone.
-    // A few entries go to whatever else runs (the daemon's own threads,
-    // kernel workers); more than 5% of the window means the machine itself
-    // keeps the map full.
-    let lost = metric(&daemon.get("/metrics").text(), full) - lost_before;
+    let after = daemon.get("/metrics").text();
+    let lost = metric(&after, full) - metric(&before, full);
     let window_samples = cpu.as_secs_f64() * 999.0;
-    assert!(
-        lost as f64 * 20.0 <= window_samples,
-        "{lost} samples were lost to the 16-entry counts map during the recovery window \
-         (of ~{window_samples:.0}): other processes on this machine fill it on their own, so \
-         recovery cannot be shown here (the loss was counted, as it must be)"
-    );
-    let samples: i64 = raw.iter().map(|s| s.values[0]).sum();
-    let cpu_ns: i64 = raw.iter().map(|s| s.values[1]).sum();
+    // The map is shared by every process on the machine: other busy ones
+    // (a parallel build) can keep 16 entries full by themselves, and then
+    // recovery cannot be shown. What must hold whatever the machine does:
+    // every sample taken is recorded, or idle, or counted as lost.
+    if lost as f64 * 20.0 > window_samples {
+        let taken = metric(&after, "profilerd_samples_total") - metric(&before, "profilerd_samples_total");
+        let idle =
+            metric(&after, "profilerd_idle_samples_total") - metric(&before, "profilerd_idle_samples_total");
+        let recorded: i64 = raw.iter().map(|s| s.values[0]).sum();
+        let accounted = recorded as f64 + idle as f64 + lost as f64;
+        eprintln!(
+            "recovery cannot be shown: {lost} samples lost to the 16-entry map in the window (the machine \
+             keeps it full); checking that every sample is accounted for instead: taken {taken}, recorded \
+             {recorded} + idle {idle} + lost {lost}"
+        );
+        // The counters in /metrics are those of the last drain, which may
+        // precede the window's first drain by up to one drain interval (1 s,
+        // two CPUs at 999 Hz): that much may be counted but outside it.
+        assert!(
+            (accounted - taken as f64).abs() <= taken as f64 * 0.05 + 2.0 * 999.0,
+            "every sample must be recorded, idle or counted as lost: taken {taken}, recorded {recorded} + \
+             idle {idle} + lost {lost} = {accounted}"
+        );
+        return;
+    }
+    let own: Vec<_> = raw
+        .iter()
+        .filter(|s| s.label("pid") == split.pid().to_string())
+        .collect();
+    let samples: i64 = own.iter().map(|s| s.values[0]).sum();
+    let cpu_ns: i64 = own.iter().map(|s| s.values[1]).sum();
     let ratio = (samples * (1_000_000_000 / 999)) as f64 / cpu_ns.max(1) as f64;
     // ~5000 on an idle machine; 0.8: once the maps have room, none is lost.
     Expected::new(cpu, 999).check("the busy process after the load", samples as u64, 0.8, 1000);
