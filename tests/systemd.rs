@@ -26,6 +26,7 @@ use profilerd_tests::{
     Workload, artifacts_dir,
     container::{Container, assert_ok},
     daemon::go_pprof,
+    faulty::fault_injection_bin,
     profilerd_bin,
     rootfs::{CACHE, FileLock, cached_rootfs},
     serial,
@@ -380,4 +381,76 @@ fn status_field(status: &str, name: &str) -> String {
         .find_map(|line| line.strip_prefix(name))
         .map(|value| value.trim().to_owned())
         .unwrap_or_default()
+}
+
+/// Issue 15: a stage that dies ends the daemon loudly (status 70), and the
+/// unit's `Restart=on-failure` brings it back, serving again. The binary is
+/// the test-only fault-injection build, told by the environment to panic in
+/// its symbolize stage 6 s after each start.
+#[test]
+fn a_stage_that_panics_is_restarted_by_systemd_and_serves_again() {
+    let _serial = serial();
+    let _machine_lock = FileLock::acquire(&Path::new(CACHE).join("systemd-test.lock"));
+    assert_port_free();
+    let rootfs = cached_rootfs();
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the repository root");
+    let ct = Container::boot(&rootfs, repo, &fault_injection_bin());
+    ct.sh("mkdir -p /etc/systemd/system/profilerd.service.d && printf '[Service]\\nBindReadOnlyPaths=/run/host-proc:/proc\\nEnvironment=PROFILERD_FAULT=panic:symbolize:6\\n' > /etc/systemd/system/profilerd.service.d/50-test-fault.conf");
+    assert_ok(
+        &ct.run(&["/opt/profilerd/deploy/install.sh"]),
+        "deploy/install.sh inside the container",
+    );
+    let first = ct.service_host_pid();
+    let http = Http::new(Duration::from_secs(30));
+    let (status, body) = http
+        .get("/metrics")
+        .unwrap_or_else(|err| panic!("GET /metrics after the start: {err}"));
+    assert_eq!(status, 200, "/metrics: {body}");
+
+    // The panic at 6 s, the exit, RestartSec=2s, a new start: within 30 s.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let restarted = loop {
+        let show = ct.output(&[
+            "systemctl",
+            "show",
+            "profilerd",
+            "-p",
+            "NRestarts",
+            "-p",
+            "ActiveState",
+        ]);
+        if !show.contains("NRestarts=0") && show.contains("ActiveState=active") {
+            let pid = ct.service_host_pid();
+            if pid != first {
+                break pid;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "systemd should have restarted the daemon within 30 s of its start:\n{show}\n{}",
+            ct.output(&["journalctl", "-b", "-u", "profilerd", "-o", "cat", "--no-pager"])
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    let journal = ct.output(&["journalctl", "-b", "-u", "profilerd", "--no-pager"]);
+    assert!(
+        journal.contains("status=70"),
+        "the dead stage must end the daemon with status 70:\n{journal}"
+    );
+    assert!(
+        journal.contains("symbolize") && journal.contains("injected"),
+        "the journal should name the stage and the panic:\n{journal}"
+    );
+    // The new process serves (before its own injected panic).
+    let (status, body) = http
+        .get("/metrics")
+        .unwrap_or_else(|err| panic!("GET /metrics from the restarted daemon (pid {restarted}): {err}"));
+    assert_eq!(status, 200, "/metrics after the restart: {body}");
+    assert_ok(&ct.run(&["systemctl", "stop", "profilerd"]), "systemctl stop");
+    assert_ok(
+        &ct.run(&["/opt/profilerd/deploy/install.sh", "--uninstall"]),
+        "install.sh --uninstall",
+    );
 }
