@@ -55,11 +55,20 @@ pub(super) async fn threads(
     Ok(Json(report(&profile)))
 }
 
-/// Groups a profile's samples by process and thread.
+/// Groups a profile's samples by process and thread. A thread that renamed
+/// itself (pthread_setname_np after it started) is named as most of its
+/// samples name it, not as whichever sample came first.
 pub fn report(profile: &Profile) -> ThreadsReport {
     // pid -> (comm, tid -> thread)
     let mut processes: BTreeMap<u32, (String, BTreeMap<u32, ThreadReport>)> = BTreeMap::new();
+    // (pid, tid) -> name -> samples
+    let mut names: BTreeMap<(u32, u32), BTreeMap<&str, u64>> = BTreeMap::new();
     for sample in &profile.samples {
+        *names
+            .entry((sample.pid, sample.tid))
+            .or_default()
+            .entry(&sample.thread_name)
+            .or_default() += sample.count;
         let (_, threads) = processes
             .entry(sample.pid)
             .or_insert_with(|| (sample.comm.to_string(), BTreeMap::new()));
@@ -71,6 +80,16 @@ pub fn report(profile: &Profile) -> ThreadsReport {
         });
         thread.cpu_ns += sample.cpu_ns;
         thread.samples += sample.count;
+    }
+    for (&pid, (_, threads)) in processes.iter_mut() {
+        for (&tid, thread) in threads.iter_mut() {
+            if let Some((name, _)) = names
+                .get(&(pid, tid))
+                .and_then(|counts| counts.iter().max_by_key(|(_, count)| **count))
+            {
+                thread.thread_name = (*name).to_owned();
+            }
+        }
     }
     let mut processes: Vec<ProcessReport> = processes
         .into_iter()
