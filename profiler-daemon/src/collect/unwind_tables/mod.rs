@@ -237,10 +237,39 @@ impl<C: TableCompiler> TableManager<C> {
             process.pending |= retry;
         }
         if self.drains.is_multiple_of(64) {
+            self.forget_unmapped_files();
             let (drains, files) = (self.drains, &self.files);
             self.usage
                 .retain(|id, usage| files.contains_key(id) || usage.at(drains) >= FORGOTTEN);
         }
+    }
+
+    /// Drops what is known of files no tracked process maps, except loaded
+    /// tables (a cache for the next run of the same program): a user who
+    /// maps file after new file must not grow this map, nor use up table ids.
+    fn forget_unmapped_files(&mut self) {
+        let mapped = self.mapped_files();
+        let mut freed = Vec::new();
+        self.files.retain(|id, table| {
+            let keep = mapped.contains(id) || matches!(table.state, TableState::Loaded { .. });
+            if !keep && table.id != 0 {
+                freed.push(table.id);
+            }
+            keep
+        });
+        self.free_ids.extend(freed);
+    }
+
+    fn mapped_files(&self) -> HashSet<FileId> {
+        self.processes
+            .values()
+            .flat_map(|process| &process.snapshot.mappings)
+            .filter_map(|mapping| mapping.file.as_ref())
+            .map(|file| FileId {
+                key: file.key,
+                version: file.version,
+            })
+            .collect()
     }
 
     fn usage_of(&self, id: &FileId) -> f64 {

@@ -9,6 +9,10 @@ use super::{FileId, TableCompiler, TableManager, TableState};
 
 impl<C: TableCompiler> TableManager<C> {
     pub(super) fn allocate_id(&mut self) -> Option<u32> {
+        if self.free_ids.is_empty() && self.next_id >= self.maps.tables.len() {
+            // Every id taken: unmapped files' entries give theirs back.
+            self.forget_unmapped_files();
+        }
         if let Some(id) = self.free_ids.pop() {
             return Some(id);
         }
