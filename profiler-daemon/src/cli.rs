@@ -105,15 +105,34 @@ pub struct DaemonArgs {
     /// TOKEN` sees every process (scrapers on other machines).
     #[arg(long)]
     pub access_token_file: Option<PathBuf>,
-    /// Listen beyond loopback without a token: anyone who can reach the port
-    /// is refused profiles (403) unless they are a local user, but the
-    /// daemon starts. Without it, listening beyond loopback needs a token.
+    /// Listen beyond loopback without a token or a client CA: anyone who can
+    /// reach the port is refused profiles (403) unless they are a local
+    /// user, but the daemon starts. Without it, listening beyond loopback
+    /// needs a token or a client CA.
     #[arg(long)]
     pub insecure: bool,
+    #[command(flatten)]
+    pub tls: TlsArgs,
     #[command(flatten)]
     pub sampling: SamplingArgs,
     #[command(flatten)]
     pub http: HttpArgs,
+}
+
+/// TLS on the TCP listener. SIGHUP re-reads the three files.
+#[derive(Debug, Clone, Args)]
+pub struct TlsArgs {
+    /// The server's certificate chain (PEM: its certificate first, then the
+    /// intermediates). With --tls-key-file, the listener speaks only TLS.
+    #[arg(long)]
+    pub tls_cert_file: Option<PathBuf>,
+    /// The private key of the certificate (PEM: PKCS#8, RSA or EC).
+    #[arg(long)]
+    pub tls_key_file: Option<PathBuf>,
+    /// A CA (PEM): clients must present a certificate it signed (mutual
+    /// TLS), and such a client sees every process, like the token's holder.
+    #[arg(long)]
+    pub tls_client_ca_file: Option<PathBuf>,
 }
 
 /// Bounds on HTTP connections, so that idle or slow clients cannot exhaust

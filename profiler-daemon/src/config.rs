@@ -40,6 +40,9 @@ pub struct Config {
     pub access_group: Option<String>,
     pub access_token_file: Option<PathBuf>,
     pub insecure: Option<bool>,
+    pub tls_cert_file: Option<PathBuf>,
+    pub tls_key_file: Option<PathBuf>,
+    pub tls_client_ca_file: Option<PathBuf>,
 }
 
 /// Every error names the file and, when known, the line (`FILE:LINE:`), so
@@ -74,12 +77,15 @@ fn line_prefix(line: Option<usize>) -> String {
 }
 
 /// The keys that are not numbers (RANGES has the others).
-pub const OTHER_KEYS: [&str; 5] = [
+pub const OTHER_KEYS: [&str; 8] = [
     "listen",
     "unwind",
     "access_group",
     "access_token_file",
     "insecure",
+    "tls_cert_file",
+    "tls_key_file",
+    "tls_client_ca_file",
 ];
 
 /// The accepted range of each numeric key: the same as its flag's (a test
@@ -227,6 +233,19 @@ impl Config {
             args.access_token_file = (!file.as_os_str().is_empty()).then(|| file.clone());
         }
         set(&mut args.insecure, self.insecure, from_file("insecure"));
+        for (file, target, id) in [
+            (&self.tls_cert_file, &mut args.tls.tls_cert_file, "tls_cert_file"),
+            (&self.tls_key_file, &mut args.tls.tls_key_file, "tls_key_file"),
+            (
+                &self.tls_client_ca_file,
+                &mut args.tls.tls_client_ca_file,
+                "tls_client_ca_file",
+            ),
+        ] {
+            if let (Some(file), true) = (file, from_file(id)) {
+                *target = (!file.as_os_str().is_empty()).then(|| file.clone());
+            }
+        }
         if let (Some(group), true) = (&self.access_group, from_file("access_group")) {
             args.access_group.clone_from(group);
         }
@@ -316,7 +335,8 @@ pub fn describe(args: &DaemonArgs) -> String {
          max_open_files = {}\nsymbolizer_memory_mb = {}\nsymbolizer_deadline_ms = {}\n\
          unwind = \"{}\"\nunwind_table_memory_mb = {}\n\
          http_max_connections = {}\nhttp_header_timeout_ms = {}\nhttp_idle_timeout_seconds = {}\n\
-         access_group = {:?}\naccess_token_file = {:?}\ninsecure = {}\n",
+         access_group = {:?}\naccess_token_file = {:?}\ninsecure = {}\n\
+         tls_cert_file = {:?}\ntls_key_file = {:?}\ntls_client_ca_file = {:?}\n",
         args.listen,
         args.retention_seconds,
         args.store_max_mb,
@@ -334,12 +354,17 @@ pub fn describe(args: &DaemonArgs) -> String {
         h.http_header_timeout_ms,
         h.http_idle_timeout_seconds,
         args.access_group,
-        args.access_token_file
-            .as_deref()
-            .map(|path| path.display().to_string())
-            .unwrap_or_default(),
-        args.insecure
+        shown(args.access_token_file.as_deref()),
+        args.insecure,
+        shown(args.tls.tls_cert_file.as_deref()),
+        shown(args.tls.tls_key_file.as_deref()),
+        shown(args.tls.tls_client_ca_file.as_deref()),
     )
+}
+
+/// A file setting as `check-config` prints it: "" for none.
+fn shown(path: Option<&Path>) -> String {
+    path.map(|path| path.display().to_string()).unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -11,7 +11,11 @@ use tokio::sync::watch;
 use crate::{
     cli::DaemonArgs,
     pipeline::{Pipeline, PipelineError},
-    serve::{self, ListenAddress, ServeState, access::AccessPolicy},
+    serve::{
+        self, ListenAddress, ServeState,
+        access::AccessPolicy,
+        tls::{Tls, TlsError},
+    },
     store::StoreConfig,
     supervise::{self, EndReason, StageEnd, Supervisor},
 };
@@ -31,6 +35,8 @@ pub enum DaemonError {
     },
     #[error("{0}")]
     Access(String),
+    #[error("TLS")]
+    Tls(#[source] TlsError),
     #[error("cannot load the BPF programs")]
     Load(#[source] PipelineError),
     #[error(transparent)]
@@ -47,7 +53,7 @@ impl DaemonError {
     pub fn exit_status(&self) -> u8 {
         match self {
             Self::Load(_) => EXIT_BPF_LOAD,
-            Self::Access(_) => crate::config::EXIT_CONFIG,
+            Self::Access(_) | Self::Tls(_) => crate::config::EXIT_CONFIG,
             Self::StageEnded(_) => supervise::EXIT_STAGE_FAILED,
             Self::Bind { .. } | Self::Pipeline(_) | Self::Serve(_) => 1,
         }
@@ -56,13 +62,17 @@ impl DaemonError {
 
 pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     raise_fd_limit(args.http.limits().max_connections);
-    let policy = access_policy(&args)?;
+    let tls = load_tls(&args)?;
+    let policy = access_policy(&args, tls.as_deref())?;
     // Bind before loading BPF: a taken port fails fast and says so.
     let listener = serve::bind(&args.listen).map_err(|source| DaemonError::Bind {
         address: args.listen.clone(),
         source,
     })?;
-    let reach = listener.describe();
+    let mut reach = listener.describe();
+    if tls.is_some() {
+        reach = reach.replacen("http://", "https://", 1);
+    }
     let retention = Duration::from_secs(args.retention_seconds);
     let store = StoreConfig {
         retention,
@@ -95,7 +105,11 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
         let _ = signalled.send(Some(Instant::now()));
     };
-    let state = ServeState::new(pipeline.clone(), retention, args.http.limits(), policy);
+    let state =
+        ServeState::new(pipeline.clone(), retention, args.http.limits(), policy).with_tls(tls.clone());
+    supervisor
+        .reporter()
+        .watch_task("reload", tokio::spawn(serve::tls::reload_on_sighup(tls)));
     // A task of its own, so that a panic in it is seen like any stage's.
     let mut server = tokio::spawn(serve::serve(listener, state, shutdown));
     let progress = pipeline.clone();
@@ -281,10 +295,23 @@ pub async fn wait_for_shutdown_signal() {
     }
 }
 
+/// The TLS the settings ask for, every file read (a bad one is a config error).
+fn load_tls(args: &DaemonArgs) -> Result<Option<Arc<Tls>>, DaemonError> {
+    let files = &args.tls;
+    let tls = Tls::from_settings(
+        &args.listen,
+        files.tls_cert_file.as_deref(),
+        files.tls_key_file.as_deref(),
+        files.tls_client_ca_file.as_deref(),
+    )
+    .map_err(DaemonError::Tls)?;
+    Ok(tls.map(Arc::new))
+}
+
 /// The access policy the settings ask for. A listener beyond loopback needs
-/// a bearer token (or `insecure`, which is logged): its clients are not
-/// local users the kernel can name.
-fn access_policy(args: &DaemonArgs) -> Result<AccessPolicy, DaemonError> {
+/// a bearer token or a client CA (or `insecure`, which is logged): its
+/// clients are not local users the kernel can name.
+fn access_policy(args: &DaemonArgs, tls: Option<&Tls>) -> Result<AccessPolicy, DaemonError> {
     let mut policy = AccessPolicy::new(&args.access_group);
     if let Some(path) = &args.access_token_file {
         let text = std::fs::read_to_string(path).map_err(|err| {
@@ -302,16 +329,18 @@ fn access_policy(args: &DaemonArgs) -> Result<AccessPolicy, DaemonError> {
     if let ListenAddress::Tcp(address) = &args.listen
         && !address.ip().is_loopback()
         && !policy.has_token()
+        && !tls.is_some_and(Tls::requires_client_certificate)
     {
         if !args.insecure {
             return Err(DaemonError::Access(format!(
-                "listening on {address}, beyond loopback, needs access_token_file (or insecure = true)"
+                "listening on {address}, beyond loopback, needs access_token_file or tls_client_ca_file \
+                 (or insecure = true)"
             )));
         }
         tracing::warn!(
             listen = %address,
-            "listening beyond loopback with no access token (insecure = true): remote clients get 403 on \
-             every profile endpoint, /metrics is open to them"
+            "listening beyond loopback with no access token or client CA (insecure = true): remote \
+             clients get 403 on every profile endpoint, /metrics is open to them"
         );
     }
     Ok(policy)

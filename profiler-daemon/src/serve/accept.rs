@@ -22,18 +22,15 @@ use axum::{
 };
 use hyper::{body::Incoming, server::conn::http1, service::service_fn};
 use hyper_util::rt::TokioIo;
-use tokio::{
-    io::{AsyncRead, AsyncWrite, ReadBuf},
-    net::{TcpStream, UnixStream},
-    sync::watch,
-    task::JoinSet,
-};
+use tokio::{sync::watch, task::JoinSet};
 use tower_service::Service;
 
 use super::{
     access::{AccessPolicy, Bearer, Caller, Peer, Unauthorized},
-    connections::{Admission, CloseReason, ConnectionTable, RequestGuard, Slot},
+    connections::{Admission, CloseReason, ConnectionTable, RequestGuard},
     listener::{Accepted, Listener},
+    stream::{Stream, Watched},
+    tls::{self, Secured, Tls},
 };
 
 /// The most a request's head may take (request line and headers). hyper's
@@ -49,6 +46,7 @@ pub(super) async fn run(
     router: Router,
     table: Arc<ConnectionTable>,
     policy: AccessPolicy,
+    tls: Option<Arc<Tls>>,
     mut stopping: watch::Receiver<bool>,
 ) {
     let mut builder = http1::Builder::new();
@@ -103,6 +101,7 @@ pub(super) async fn run(
             stopping: stopping.clone(),
             peer,
             policy: policy.clone(),
+            tls: tls.clone(),
         };
         tasks.spawn(conn.serve(stream, router.clone(), builder.clone()));
     }
@@ -115,16 +114,34 @@ struct Connection {
     stopping: watch::Receiver<bool>,
     peer: Peer,
     policy: AccessPolicy,
+    /// On a TLS listener: the handshake comes first, under the same bounds.
+    tls: Option<Arc<Tls>>,
 }
 
 impl Connection {
     async fn serve(mut self, stream: Stream, router: Router, builder: http1::Builder) {
+        let limits = self.admission.table().limits();
+        let slot = self.admission.slot().clone();
+        // A verified client certificate: the connection sees every process.
+        let (stream, certified) = match (self.tls.clone(), stream, self.peer) {
+            (Some(tls), Stream::Tcp(tcp), Peer::Tcp { client, .. }) => {
+                match tls::handshake(&tls, tcp, client, &slot, &limits, &mut self.stopping).await {
+                    Ok(Secured { stream, certified }) => (Stream::Tls(Box::new(stream)), certified),
+                    Err(closed_by) => {
+                        if let Some(reason) = closed_by {
+                            self.admission.table().count_closed(reason);
+                        }
+                        return;
+                    }
+                }
+            }
+            (_, stream, _) => (stream, false),
+        };
         // Once per connection, at its first request (not at accept: an idle
         // connection costs no lookup and no blocking thread); the client's
         // socket cannot change hands while the connection lasts.
         let identity: Arc<tokio::sync::OnceCell<Caller>> = Arc::default();
         let (policy, peer) = (self.policy.clone(), self.peer);
-        let slot = self.admission.slot().clone();
         let io = TokioIo::new(Watched {
             stream,
             slot: slot.clone(),
@@ -144,6 +161,9 @@ impl Connection {
                         request
                             .extensions_mut()
                             .insert(Unauthorized("the bearer token is not this daemon's"));
+                    }
+                    Bearer::Absent if certified => {
+                        request.extensions_mut().insert(Caller::token_holder());
                     }
                     Bearer::Absent => {
                         let needs_token = policy.has_token();
@@ -169,7 +189,6 @@ impl Connection {
                 Ok::<_, Infallible>(response.map(|body| Body::new(GuardedBody { body, _guard: guard })))
             }
         });
-        let limits = self.admission.table().limits();
         // The connection (and its socket) is dropped at the end of this
         // block, before `self` gives the permit back.
         let closed_by = {
@@ -217,127 +236,6 @@ async fn sleep_until(deadline: Option<Instant>) {
     match deadline {
         Some(at) => tokio::time::sleep_until(at.into()).await,
         None => std::future::pending().await,
-    }
-}
-
-/// The socket, telling the connection's [`Slot`] when bytes arrive and
-/// whether a response write is stuck on the client.
-struct Watched {
-    stream: Stream,
-    slot: Arc<Slot>,
-}
-
-/// A connection's socket, TCP or Unix.
-enum Stream {
-    Tcp(TcpStream),
-    Unix(UnixStream),
-}
-
-impl AsyncRead for Stream {
-    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Stream::Tcp(stream) => Pin::new(stream).poll_read(cx, buf),
-            Stream::Unix(stream) => Pin::new(stream).poll_read(cx, buf),
-        }
-    }
-}
-
-impl AsyncWrite for Stream {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Stream::Tcp(stream) => Pin::new(stream).poll_write(cx, data),
-            Stream::Unix(stream) => Pin::new(stream).poll_write(cx, data),
-        }
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        data: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Stream::Tcp(stream) => Pin::new(stream).poll_write_vectored(cx, data),
-            Stream::Unix(stream) => Pin::new(stream).poll_write_vectored(cx, data),
-        }
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        match self {
-            Stream::Tcp(stream) => stream.is_write_vectored(),
-            Stream::Unix(stream) => stream.is_write_vectored(),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Stream::Tcp(stream) => Pin::new(stream).poll_flush(cx),
-            Stream::Unix(stream) => Pin::new(stream).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Stream::Tcp(stream) => Pin::new(stream).poll_shutdown(cx),
-            Stream::Unix(stream) => Pin::new(stream).poll_shutdown(cx),
-        }
-    }
-}
-
-impl AsyncRead for Watched {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let before = buf.filled().len();
-        let polled = Pin::new(&mut self.stream).poll_read(cx, buf);
-        if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
-            self.slot.on_read();
-        }
-        polled
-    }
-}
-
-impl AsyncWrite for Watched {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
-        let polled = Pin::new(&mut self.stream).poll_write(cx, data);
-        self.note_write(&polled);
-        polled
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        data: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        let polled = Pin::new(&mut self.stream).poll_write_vectored(cx, data);
-        self.note_write(&polled);
-        polled
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.stream.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let polled = Pin::new(&mut self.stream).poll_flush(cx);
-        // hyper flushes once its buffer is written out: nothing is pending.
-        if matches!(polled, Poll::Ready(Ok(()))) {
-            self.slot.set_write_blocked(false);
-        }
-        polled
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_shutdown(cx)
-    }
-}
-
-impl Watched {
-    fn note_write<T>(&self, polled: &Poll<io::Result<T>>) {
-        if polled.is_pending() {
-            self.slot.set_write_blocked(true);
-        }
     }
 }
 

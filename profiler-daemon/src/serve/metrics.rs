@@ -5,6 +5,7 @@
 //! collector; only HTTP requests are counted here.
 
 mod isolation;
+mod tls;
 mod unwinding;
 
 use std::fmt;
@@ -77,6 +78,7 @@ pub(super) async fn metrics(State(state): State<ServeState>) -> Result<Response,
         open_files: isolation::OpenFilesSnapshot::of(state.pipeline.open_files()),
         unwind_tables: state.pipeline.unwind_stats().map(unwinding::TablesSnapshot::of),
         connections: state.connections.stats(),
+        tls: state.tls.as_ref().map(|tls| tls.snapshot()),
     };
     let mut registry = Registry::with_prefix("profilerd");
     registry.register(
@@ -110,6 +112,8 @@ struct Snapshot {
     open_files: isolation::OpenFilesSnapshot,
     unwind_tables: Option<unwinding::TablesSnapshot>,
     connections: ConnectionStats,
+    /// With TLS only.
+    tls: Option<super::tls::TlsSnapshot>,
 }
 
 impl Collector for Snapshot {
@@ -290,6 +294,9 @@ impl Collector for Snapshot {
                 ("evicted", store.samples_evicted),
             ],
         )?;
+        if let Some(snapshot) = &self.tls {
+            tls::encode(out, snapshot)?;
+        }
         encode_connections(out, &self.connections)
     }
 }

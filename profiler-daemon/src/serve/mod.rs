@@ -13,7 +13,7 @@
 //! makes `go tool pprof` show the message.
 //!
 //! Connections are bounded in number and time ([`connections`]), served by
-//! our own accept loop ([`accept`]).
+//! our own accept loop ([`accept`]), over TLS when configured ([`tls`]).
 
 mod accept;
 pub mod access;
@@ -23,7 +23,9 @@ mod index;
 pub mod listener;
 pub mod metrics;
 pub mod params;
+mod stream;
 pub mod threads;
+pub mod tls;
 pub mod views;
 
 use std::{future::Future, sync::Arc, time::Duration};
@@ -40,6 +42,7 @@ pub use self::listener::{ListenAddress, Listener, bind};
 use self::{
     access::AccessPolicy,
     connections::{ConnectionLimits, ConnectionTable},
+    tls::Tls,
 };
 use crate::pipeline::Pipeline;
 
@@ -51,6 +54,7 @@ pub struct ServeState {
     http_metrics: metrics::HttpMetrics,
     connections: Arc<ConnectionTable>,
     access: AccessPolicy,
+    tls: Option<Arc<Tls>>,
     /// Becomes true when the server starts shutting down, so that blocking
     /// profile requests return early instead of holding up the exit.
     stopping: watch::Receiver<bool>,
@@ -71,8 +75,15 @@ impl ServeState {
             http_metrics: metrics::HttpMetrics::default(),
             connections: Arc::new(ConnectionTable::new(limits)),
             access,
+            tls: None,
             stopping,
         }
+    }
+
+    /// Serves over TLS (a TCP listener only).
+    pub fn with_tls(mut self, tls: Option<Arc<Tls>>) -> Self {
+        self.tls = tls;
+        self
     }
 }
 
@@ -111,6 +122,7 @@ pub async fn serve(
     state.stopping = stopping.clone();
     let connections = state.connections.clone();
     let access = state.access.clone();
+    let tls = state.tls.clone();
     let signal = async move {
         shutdown.await;
         let _ = stop.send(true);
@@ -118,7 +130,7 @@ pub async fn serve(
     // The accept loop ends only once `stop` is sent.
     tokio::join!(
         signal,
-        accept::run(listener, router(state), connections, access, stopping)
+        accept::run(listener, router(state), connections, access, tls, stopping)
     );
     Ok(())
 }
