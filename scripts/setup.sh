@@ -74,12 +74,23 @@ install_go_pprof() {
     fi
 }
 
+# `go tool pprof` fetches over its own HTTP client, which ignores -tls_ca,
+# -tls_cert and -tls_key; the standalone pprof uses them (tests/tls.rs).
+install_standalone_pprof() {
+    if [ -x /usr/local/bin/pprof ] && go version -m /usr/local/bin/pprof 2>/dev/null | grep -q "$PPROF_VERSION"; then
+        return
+    fi
+    log "installing the standalone pprof $PPROF_VERSION"
+    GOBIN=/usr/local/bin go install "github.com/google/pprof@$PPROF_VERSION"
+}
+
 main() {
     need_root
     install_debian_packages
     install_rust_toolchains
     install_bpf_linker
     install_go_pprof
+    install_standalone_pprof
     log "ready"
 }
 

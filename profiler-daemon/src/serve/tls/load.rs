@@ -7,7 +7,7 @@ use std::{
 };
 
 use tokio_rustls::rustls::{
-    self, RootCertStore, ServerConfig,
+    self, InconsistentKeys, RootCertStore, ServerConfig,
     crypto::{CryptoProvider, ring},
     pki_types::{
         CertificateDer, PrivateKeyDer,
@@ -60,8 +60,10 @@ pub enum TlsError {
         #[source]
         source: VerifierBuilderError,
     },
+    #[error("the key {} does not match the certificate {} (their public keys differ)", key.display(), cert.display())]
+    KeyMismatch { cert: PathBuf, key: PathBuf },
     #[error("the key {} cannot serve the certificate {}", key.display(), cert.display())]
-    KeyMismatch {
+    KeyUnusable {
         cert: PathBuf,
         key: PathBuf,
         #[source]
@@ -73,9 +75,9 @@ pub enum TlsError {
     Settings(String),
 }
 
-const CHAIN: &str = "the certificate chain";
-const KEY: &str = "the private key";
-const CLIENT_CA: &str = "the client CA";
+const CHAIN: &str = "the certificate file";
+const KEY: &str = "the key file";
+const CLIENT_CA: &str = "the client CA file";
 
 /// The ALPN protocols offered: the server speaks HTTP/1.1 only.
 const ALPN: &[&[u8]] = &[b"http/1.1"];
@@ -101,13 +103,15 @@ pub fn server_config(files: &TlsFiles) -> Result<Loaded, TlsError> {
         None => builder.with_no_client_auth(),
     };
     // rustls checks that the key's public half is the certificate's.
-    let mut config = builder
-        .with_single_cert(chain, key)
-        .map_err(|source| TlsError::KeyMismatch {
-            cert: files.cert.clone(),
-            key: files.key.clone(),
-            source,
-        })?;
+    let mut config = builder.with_single_cert(chain, key).map_err(|source| {
+        let (cert, key) = (files.cert.clone(), files.key.clone());
+        match source {
+            rustls::Error::InconsistentKeys(InconsistentKeys::KeyMismatch) => {
+                TlsError::KeyMismatch { cert, key }
+            }
+            source => TlsError::KeyUnusable { cert, key, source },
+        }
+    })?;
     config.alpn_protocols = ALPN.iter().map(|protocol| protocol.to_vec()).collect();
     Ok(Loaded {
         config: Arc::new(config),
