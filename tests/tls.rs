@@ -6,133 +6,20 @@
 use std::{
     io::Read,
     net::TcpStream,
-    path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::Command,
     time::{Duration, Instant},
 };
 
 use profilerd_tests::{
     Workload,
     daemon::{free_port, go_pprof, metric, parse_raw},
-    pki::{Pki, Remote, Usage, fingerprint},
+    pki::{Pki, Remote, Usage},
     serial,
+    tls_daemon::{TlsDaemon, curl, path_arg, within_30s},
 };
 
 const ROOT_SECRET: &str = env!("WORKLOAD_ROOT_SECRET");
 const TOKEN: &str = "a-test-token-of-32-characters-00";
-
-/// A daemon started with `args`, its log in a file; SIGTERM on drop.
-struct TlsDaemon {
-    child: Child,
-    log: PathBuf,
-}
-
-impl TlsDaemon {
-    /// Starts it and waits (30 s at most) until `ready` says it answers.
-    fn start(args: &[String], log: PathBuf, ready: impl Fn() -> bool) -> Self {
-        let file = std::fs::File::create(&log).expect("creating the daemon's log");
-        let child = Command::new(profilerd_tests::profilerd_bin())
-            .args(args)
-            .env("RUST_LOG", "info,profilerd::serve::tls=debug")
-            .stderr(Stdio::from(file))
-            .spawn()
-            .expect("starting profilerd");
-        let mut daemon = Self { child, log };
-        let started = Instant::now();
-        while !ready() {
-            if let Ok(Some(status)) = daemon.child.try_wait() {
-                panic!("profilerd exited before answering: {status}\n{}", daemon.log());
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "profilerd did not answer over TLS within 30 s:\n{}",
-                daemon.log()
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        daemon
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn hangup(&self) {
-        // SAFETY: kill(2) on our own child's pid.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGHUP) };
-    }
-
-    fn assert_running(&mut self, when: &str) {
-        if let Ok(Some(status)) = self.child.try_wait() {
-            panic!("profilerd exited {when}: {status}\n{}", self.log());
-        }
-    }
-}
-
-impl Drop for TlsDaemon {
-    fn drop(&mut self) {
-        // SAFETY: kill(2) on our own child's pid.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// What curl got: its exit code, the HTTP status (0 for none), the
-/// response head, the body and how long it took.
-struct Fetched {
-    exit: i32,
-    status: u16,
-    head: String,
-    body: Vec<u8>,
-    stderr: String,
-    took: Duration,
-}
-
-impl Fetched {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
-    }
-}
-
-/// `curl ARGS URL` run in `remote`'s namespace.
-fn curl(remote: &Remote, args: &[&str], url: &str) -> Fetched {
-    let body_file = std::env::temp_dir().join(format!("profilerd-tls-body-{}", std::process::id()));
-    let _ = std::fs::remove_file(&body_file);
-    let started = Instant::now();
-    let output = remote
-        .command("curl")
-        .args(["-sS", "--max-time", "60", "-D", "-", "-w", "%{http_code}", "-o"])
-        .arg(&body_file)
-        .args(args)
-        .arg(url)
-        .output()
-        .expect("running curl in the client's namespace");
-    let took = started.elapsed();
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    let (head, status) = stdout.split_at(stdout.len().saturating_sub(3));
-    let body = std::fs::read(&body_file).unwrap_or_default();
-    let _ = std::fs::remove_file(&body_file);
-    Fetched {
-        exit: output.status.code().unwrap_or(-1),
-        status: status.parse().unwrap_or(0),
-        head: head.to_owned(),
-        body,
-        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-        took,
-    }
-}
-
-fn path_arg(path: &Path) -> String {
-    path.to_str().expect("a UTF-8 path").to_owned()
-}
 
 /// The functions, pids and comms of a pprof body, read by go tool pprof.
 fn functions_in(body: &[u8]) -> Vec<String> {
@@ -144,21 +31,6 @@ fn functions_in(body: &[u8]) -> Vec<String> {
         .into_iter()
         .flat_map(|sample| sample.functions)
         .collect()
-}
-
-/// Polls `attempt` every 500 ms until it returns Some, for 30 s at most.
-fn within_30s<T>(what: &str, mut attempt: impl FnMut() -> Result<T, String>) -> T {
-    let started = Instant::now();
-    loop {
-        match attempt() {
-            Ok(value) => return value,
-            Err(last) => assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "{what} within 30 s; last: {last}"
-            ),
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    }
 }
 
 #[test]
@@ -307,188 +179,6 @@ fn tls_with_a_token_beyond_loopback() {
         ) >= 1
     );
     drop(root);
-}
-
-#[test]
-fn client_certificates_and_reload_on_sighup() {
-    let _serial = serial();
-    let remote = Remote::new();
-    let pki = Pki::new("mtls");
-    pki.ca("ca");
-    pki.ca("other-ca");
-    pki.issue("ca", "server", 2001, Usage::Server(remote.host_ip));
-    pki.issue("ca", "scraper", 2002, Usage::Client);
-    pki.issue("other-ca", "stranger", 2003, Usage::Client);
-    let root = Workload::spawn(ROOT_SECRET, &["60"]);
-    let address = format!("{}:{}", remote.host_ip, free_port());
-    let base = format!("https://{address}");
-    let [ca, cert, key] = ["ca.pem", "scraper.pem", "scraper.key"].map(|file| path_arg(&pki.path(file)));
-    let certified = [
-        "--cacert",
-        ca.as_str(),
-        "--cert",
-        cert.as_str(),
-        "--key",
-        key.as_str(),
-    ];
-    // The daemon reads its files at these paths, now and on SIGHUP.
-    let (server_cert, server_key) = (pki.path("live.pem"), pki.path("live.key"));
-    std::fs::copy(pki.path("server.pem"), &server_cert).expect("installing the certificate");
-    std::fs::copy(pki.path("server.key"), &server_key).expect("installing the key");
-    // No token: beyond loopback, the client CA is enough.
-    let args: Vec<String> = [
-        "--listen",
-        &address,
-        "--tls-cert-file",
-        &path_arg(&server_cert),
-        "--tls-key-file",
-        &path_arg(&server_key),
-        "--tls-client-ca-file",
-        &ca,
-    ]
-    .map(str::to_owned)
-    .to_vec();
-    let mut daemon = TlsDaemon::start(&args, pki.path("daemon.log"), || {
-        curl(&remote, &certified, &format!("{base}/metrics")).status == 200
-    });
-
-    // No client certificate, or one another CA signed: the handshake is refused, at once.
-    let stranger = [
-        "--cacert",
-        ca.as_str(),
-        "--cert",
-        &path_arg(&pki.path("stranger.pem")),
-        "--key",
-        &path_arg(&pki.path("stranger.key")),
-    ]
-    .map(str::to_owned);
-    let stranger: Vec<&str> = stranger.iter().map(String::as_str).collect();
-    for (how, args) in [
-        ("no client certificate", &["--cacert", ca.as_str()][..]),
-        ("another CA's", &stranger[..]),
-    ] {
-        let refused = curl(&remote, args, &format!("{base}/metrics"));
-        assert!(
-            refused.exit != 0 && refused.status == 0,
-            "{how}: the handshake must fail (curl exit {}, status {}): {}",
-            refused.exit,
-            refused.status,
-            refused.text()
-        );
-        assert!(
-            refused.took < Duration::from_secs(5),
-            "{how}: refused in {:?}",
-            refused.took
-        );
-    }
-
-    // A valid certificate sees every process, though the kernel cannot name
-    // the client: pprof fetches root's workload with it. The standalone
-    // pprof: `go tool pprof` fetches with a client that ignores -tls_*.
-    let url = format!("{base}/pprof?seconds=30");
-    let raw = within_30s("pprof with a client certificate gets root's workload", || {
-        let output = remote
-            .command("pprof")
-            .args(["-raw", "-tls_ca", &ca, "-tls_cert", &cert, "-tls_key", &key, &url])
-            .env("PPROF_TMPDIR", std::env::temp_dir())
-            .output()
-            .expect("running pprof in the client's namespace (scripts/setup.sh installs it)");
-        let raw = String::from_utf8_lossy(&output.stdout).into_owned();
-        if output.status.success() && raw.contains("root_only_secret_function") {
-            Ok(raw)
-        } else {
-            Err(format!(
-                "{}: {}",
-                output.status,
-                String::from_utf8_lossy(&output.stderr)
-            ))
-        }
-    });
-    let samples = parse_raw(&raw);
-    assert!(
-        samples.iter().any(|sample| sample.label("comm") == "root_secret"),
-        "the profile names root's process"
-    );
-    assert!(
-        daemon.log().contains(&fingerprint(Path::new(&cert))),
-        "the client certificate's fingerprint is logged (debug):\n{}",
-        daemon.log()
-    );
-
-    // SIGHUP with a new certificate: new connections get it.
-    let serial_now = || {
-        let output = Command::new("sh")
-            .arg("-c")
-            .arg(format!(
-                "openssl s_client -connect {address} -CAfile {ca} -cert {cert} -key {key} </dev/null 2>/dev/null \
-                 | openssl x509 -noout -serial"
-            ))
-            .output()
-            .expect("running openssl s_client");
-        String::from_utf8_lossy(&output.stdout).trim().to_owned()
-    };
-    assert_eq!(
-        serial_now(),
-        format!("serial={:04X}", 2001),
-        "the first certificate"
-    );
-    pki.issue("ca", "renewed", 2004, Usage::Server(remote.host_ip));
-    replace(&pki.path("renewed.pem"), &server_cert);
-    replace(&pki.path("renewed.key"), &server_key);
-    daemon.hangup();
-    within_30s("the renewed certificate is served after SIGHUP", || {
-        let serial = serial_now();
-        (serial == format!("serial={:04X}", 2004))
-            .then_some(())
-            .ok_or(serial)
-    });
-    let metrics = curl(&remote, &certified, &format!("{base}/metrics")).text();
-    assert_eq!(
-        metric(&metrics, "profilerd_tls_reloads_total{outcome=\"ok\"}"),
-        1,
-        "{metrics}"
-    );
-
-    // A reload that fails keeps the certificate in use: a key that is not
-    // PEM, then one that is not the certificate's.
-    std::fs::write(&server_key, "not a key\n").expect("breaking the key");
-    daemon.hangup();
-    expect_failed_reloads(&remote, &certified, &base, 1);
-    replace(&pki.path("stranger.key"), &server_key);
-    daemon.hangup();
-    expect_failed_reloads(&remote, &certified, &base, 2);
-    daemon.assert_running("after failed reloads");
-    assert_eq!(
-        serial_now(),
-        format!("serial={:04X}", 2004),
-        "the previous certificate serves on"
-    );
-    let log = daemon.log();
-    assert!(
-        log.contains("reloading TLS failed") && log.contains("does not match the certificate"),
-        "the failures are logged, the mismatch named:\n{log}"
-    );
-    let top = curl(&remote, &certified, &format!("{base}/top?seconds=30"));
-    assert_eq!(top.status, 200, "served after failed reloads: {}", top.text());
-    drop(root);
-}
-
-fn expect_failed_reloads(remote: &Remote, certified: &[&str], base: &str, count: u64) {
-    within_30s("the failed reload is counted", || {
-        let metrics = curl(remote, certified, &format!("{base}/metrics")).text();
-        let failed = metric(&metrics, "profilerd_tls_reloads_total{outcome=\"failed\"}");
-        (failed == count)
-            .then_some(())
-            .ok_or(format!("failed = {failed}"))
-    });
-}
-
-/// Replaces `target` by a copy of `source` at once (rename), as a
-/// certificate manager would.
-fn replace(source: &Path, target: &Path) {
-    let staged = target.with_extension("new");
-    std::fs::copy(source, &staged).expect("staging the file");
-    std::fs::rename(&staged, target).expect("replacing the file");
 }
 
 /// Runs profilerd with `args`, expecting it to stop at once with exit 78

@@ -14,6 +14,7 @@ pub mod perf_oracle;
 pub mod pki;
 pub mod rootfs;
 pub mod stacks;
+pub mod tls_daemon;
 pub mod unwind;
 
 use std::{
