@@ -62,6 +62,7 @@ impl DaemonError {
 
 pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     raise_fd_limit(args.http.limits().max_connections);
+    let hangups = serve::tls::hangups();
     let tls = load_tls(&args)?;
     let policy = access_policy(&args, tls.as_deref())?;
     // Bind before loading BPF: a taken port fails fast and says so.
@@ -109,7 +110,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         ServeState::new(pipeline.clone(), retention, args.http.limits(), policy).with_tls(tls.clone());
     supervisor
         .reporter()
-        .watch_task("reload", tokio::spawn(serve::tls::reload_on_sighup(tls)));
+        .watch_task("reload", tokio::spawn(serve::tls::reload_on_sighup(tls, hangups)));
     // A task of its own, so that a panic in it is seen like any stage's.
     let mut server = tokio::spawn(serve::serve(listener, state, shutdown));
     let progress = pipeline.clone();

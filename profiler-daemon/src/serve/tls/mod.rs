@@ -19,6 +19,7 @@ use std::{
     },
 };
 
+use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio_rustls::{TlsAcceptor, rustls::ServerConfig};
 
 pub(super) use self::handshake::{Secured, handshake};
@@ -184,16 +185,23 @@ impl Tls {
     }
 }
 
-/// Reloads `tls` on every SIGHUP, for as long as the daemon runs. Without
-/// TLS, SIGHUP is logged and ignored (its default action would kill us).
-pub async fn reload_on_sighup(tls: Option<Arc<Tls>>) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut hangups = match signal(SignalKind::hangup()) {
-        Ok(hangups) => hangups,
+/// Takes SIGHUP over from its default action (which would kill us): call it
+/// early, so that a reload sent while the daemon starts is not fatal.
+pub fn hangups() -> Option<Signal> {
+    match signal(SignalKind::hangup()) {
+        Ok(hangups) => Some(hangups),
         Err(err) => {
             tracing::warn!("no SIGHUP handler ({err}): certificates cannot be reloaded");
-            return std::future::pending().await;
+            None
         }
+    }
+}
+
+/// Reloads `tls` on every SIGHUP, for as long as the daemon runs. Without
+/// TLS, SIGHUP is logged and ignored.
+pub async fn reload_on_sighup(tls: Option<Arc<Tls>>, hangups: Option<Signal>) {
+    let Some(mut hangups) = hangups else {
+        return std::future::pending().await;
     };
     while hangups.recv().await.is_some() {
         let Some(tls) = tls.clone() else {
