@@ -35,6 +35,8 @@ fn sample(pid: u32, tid: u32, comm: &str, stack: &Arc<SymbolizedStack>, count: u
         stack: stack.clone(),
         count,
         cpu_ns: count * 10_000_000,
+        cgroup: None,
+        ns_pid: None,
     }
 }
 
@@ -150,6 +152,7 @@ fn filters_or_within_and_across() {
         pids: vec![1, 2],
         tids: vec![12, 21],
         comms: vec!["beta".into()],
+        ..Filter::default()
     };
     assert_eq!(
         store.query(&all(and)).total_samples(),
