@@ -29,6 +29,8 @@ pub const MAX_PATH_BYTES: usize = 1024;
 const MAX_DEPTH: usize = 32;
 /// The walk reads at most this many directories.
 const MAX_WALK_DIRS: usize = 16384;
+/// /proc/PID/cgroup reads per batch for ids not known.
+const MAX_PROC_READS: usize = 64;
 /// Misses wait this long for the next walk.
 const MIN_WALK_INTERVAL: Duration = Duration::from_secs(5);
 /// Bytes of names kept; past it the least recently sampled go.
@@ -101,24 +103,50 @@ impl CgroupResolver {
         self.evict();
     }
 
-    /// Names a batch's cgroup ids: from what is known, then, for the rest,
-    /// one bounded walk if the last was long enough ago. Ids it cannot name
-    /// are left out.
-    pub fn resolve(&mut self, ids: impl IntoIterator<Item = u64>) -> HashMap<u64, Arc<Cgroup>> {
+    /// Names a batch's cgroup ids, given with a process sampled in each:
+    /// from what is known; then from the process's /proc/PID/cgroup (it
+    /// may have moved since it was first seen; a few reads per batch); then,
+    /// for the rest, one bounded walk if the last was long enough ago. Ids
+    /// it cannot name are left out.
+    pub fn resolve(&mut self, ids: impl IntoIterator<Item = (u64, u32)>) -> HashMap<u64, Arc<Cgroup>> {
         self.batch += 1;
         let mut named = HashMap::new();
-        let mut missing = HashSet::new();
-        for id in ids {
+        let mut missing = HashMap::new();
+        for (id, pid) in ids {
             match self.known.get_mut(&id) {
                 Some(known) => {
                     known.used = self.batch;
                     named.insert(id, known.cgroup.clone());
                 }
                 None => {
-                    missing.insert(id);
+                    missing.entry(id).or_insert(pid);
                 }
             }
         }
+        let mut reads = 0;
+        missing.retain(|&id, &mut pid| {
+            if reads >= MAX_PROC_READS {
+                return true;
+            }
+            reads += 1;
+            let Some(root) = &self.root else {
+                return true;
+            };
+            match read_process_cgroup(pid, root) {
+                Some((found, path)) if found == id => {
+                    let cgroup = Arc::new(Cgroup::from_path(&path));
+                    named.insert(id, cgroup);
+                    false
+                }
+                _ => true,
+            }
+        });
+        for (id, cgroup) in &named {
+            if !self.known.contains_key(id) {
+                self.learn(*id, &cgroup.path);
+            }
+        }
+        let mut missing: HashSet<u64> = missing.into_keys().collect();
         if !missing.is_empty() && self.last_walk.is_none_or(|at| at.elapsed() >= MIN_WALK_INTERVAL) {
             self.last_walk = Some(Instant::now());
             let wanted: Vec<u64> = missing.iter().copied().collect();

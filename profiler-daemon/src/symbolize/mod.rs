@@ -117,9 +117,12 @@ impl Symbolizer {
                 self.cgroups.learn(*id, path);
             }
         }
-        let cgroups = self
-            .cgroups
-            .resolve(batch.samples.iter().map(|sample| sample.key.cgroup_id));
+        let cgroups = self.cgroups.resolve(
+            batch
+                .samples
+                .iter()
+                .map(|sample| (sample.key.cgroup_id, sample.key.tgid)),
+        );
 
         // Pass 2: build each distinct stack once per batch from the caches.
         let mut stacks: HashMap<(u32, u32, i32, i32), Arc<SymbolizedStack>> = HashMap::new();
