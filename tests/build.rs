@@ -10,7 +10,14 @@ use std::path::Path;
 
 use anyhow::{Context as _, bail};
 
-const WORKLOADS: &[&str] = &["split", "threads", "zero_reader", "short_lived", "cpu_shares"];
+const WORKLOADS: &[&str] = &[
+    "split",
+    "threads",
+    "zero_reader",
+    "short_lived",
+    "cpu_shares",
+    "unit_pair",
+];
 /// The fuzz test's victim is optimised code with the debug info a release
 /// build has (what the symbolizer meets in the wild), as a shared object.
 const FUZZ_VICTIM_FLAGS: &[&str] = &["-O2", "-g", "-fPIC", "-shared"];

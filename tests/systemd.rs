@@ -23,16 +23,14 @@ use std::{
 };
 
 use profilerd_tests::{
-    Workload, artifacts_dir,
-    container::{Container, assert_ok},
+    Workload,
+    container::{ADDRESS, Container, Http, assert_ok, assert_port_free},
     daemon::go_pprof,
     faulty::fault_injection_bin,
     profilerd_bin,
     rootfs::{CACHE, FileLock, cached_rootfs},
     serial,
 };
-/// The unit's default address, reachable from the host (shared network).
-const ADDRESS: &str = "127.0.0.1:7040";
 /// Our BPF programs, as `bpftool prog show` names them.
 const PROGRAMS: [&str; 3] = ["sample", "on_exec", "on_exit"];
 /// The capabilities the unit grants (CapEff of the service's process).
@@ -224,61 +222,6 @@ fn the_unit_runs_under_a_real_systemd() {
     );
     ct.sh("test ! -e /usr/local/bin/profilerd && test ! -e /etc/systemd/system/profilerd.service && test -e /etc/profilerd/profilerd.toml");
     assert_ne!(ct.output(&["systemctl", "is-enabled", "profilerd"]), "enabled");
-}
-
-/// Someone else's daemon on 7040 would answer in place of the one under test.
-fn assert_port_free() {
-    if TcpStream::connect(ADDRESS).is_ok() {
-        let who = Command::new("ss")
-            .args(["-ltnp", "sport = :7040"])
-            .output()
-            .map(|output| String::from_utf8_lossy(&output.stdout).into_owned())
-            .unwrap_or_default();
-        panic!(
-            "{ADDRESS} is already in use, and the unit under test listens there (its default address, \
-             reached from the host through the container's shared network). Stop that process and \
-             run again:\n{who}"
-        );
-    }
-}
-
-struct Http {
-    agent: ureq::Agent,
-}
-
-impl Http {
-    fn new(timeout: Duration) -> Self {
-        let agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_global(Some(timeout))
-            .build()
-            .into();
-        Self { agent }
-    }
-
-    /// (status, body as text, lossy) or the transport error.
-    fn get(&self, path: &str) -> Result<(u16, String), ureq::Error> {
-        let (status, body) = self.get_bytes(path)?;
-        Ok((status, String::from_utf8_lossy(&body).into_owned()))
-    }
-
-    fn get_bytes(&self, path: &str) -> Result<(u16, Vec<u8>), ureq::Error> {
-        let mut response = self.agent.get(format!("http://{ADDRESS}{path}")).call()?;
-        let status = response.status().as_u16();
-        let body = response.body_mut().with_config().limit(256 << 20).read_to_vec()?;
-        Ok((status, body))
-    }
-
-    /// A profile saved under tests/artifacts.
-    fn pprof(&self, path: &str, name: &str) -> String {
-        let (status, body) = self
-            .get_bytes(path)
-            .unwrap_or_else(|err| panic!("GET {path}: {err}"));
-        assert_eq!(status, 200, "GET {path}: {}", String::from_utf8_lossy(&body));
-        let file = artifacts_dir().join(name);
-        std::fs::write(&file, body).expect("saving the profile");
-        file.display().to_string()
-    }
 }
 
 /// Starts a host workload and checks that its hot function is in /pprof,

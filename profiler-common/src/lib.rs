@@ -11,7 +11,7 @@ pub const COMM_LEN: usize = 16;
 /// Frames kept per stack; the kernel's own limit (PERF_MAX_STACK_DEPTH).
 pub const MAX_STACK_DEPTH: usize = 127;
 
-/// Key of the counts maps: one entry per distinct (thread, process instance, stacks).
+/// Key of the counts maps: one entry per distinct (thread, process instance, cgroup, stacks).
 ///
 /// A stack id is the id in the stack-trace map of the same buffer, or a negative
 /// errno when the kernel could not provide that stack (`-EFAULT`: no such stack,
@@ -30,6 +30,12 @@ pub struct SampleKey {
     pub kernel_stack_id: i32,
     /// The sampled thread's comm (its thread name), NUL padded.
     pub comm: [u8; COMM_LEN],
+    /// Always 0 (explicit, so no padding byte of the map key is undefined).
+    pub reserved: u32,
+    /// The thread's cgroup v2 id (the inode of its directory under
+    /// /sys/fs/cgroup): counts are kept per cgroup, so a thread that moves
+    /// between cgroups has its samples split where it moved.
+    pub cgroup_id: u64,
 }
 
 /// Sent through the process-events ring buffer.
@@ -78,6 +84,8 @@ pub struct SpilledSample {
     pub reserved: u32,
     /// As [`SampleValue::cpu_ns`].
     pub cpu_ns: u64,
+    /// As [`SampleKey::cgroup_id`].
+    pub cgroup_id: u64,
     pub user: [u64; MAX_STACK_DEPTH],
     pub kernel: [u64; MAX_STACK_DEPTH],
 }
@@ -471,11 +479,12 @@ pub mod programs {
 }
 
 // The layout is the contract: no implicit padding, sizes fixed.
-const _: () = assert!(core::mem::size_of::<SampleKey>() == 5 * 4 + COMM_LEN);
-const _: () = assert!(core::mem::align_of::<SampleKey>() == 4);
+const _: () = assert!(core::mem::size_of::<SampleKey>() == 5 * 4 + COMM_LEN + 4 + 8);
+const _: () = assert!(core::mem::offset_of!(SampleKey, cgroup_id) == 5 * 4 + COMM_LEN + 4);
+const _: () = assert!(core::mem::align_of::<SampleKey>() == 8);
 const _: () = assert!(core::mem::size_of::<ProcessEvent>() == 8 + 4 * 4);
 const _: () =
-    assert!(core::mem::size_of::<SpilledSample>() == 5 * 4 + COMM_LEN + 4 + 8 + 2 * 8 * MAX_STACK_DEPTH);
+    assert!(core::mem::size_of::<SpilledSample>() == 5 * 4 + COMM_LEN + 4 + 8 + 8 + 2 * 8 * MAX_STACK_DEPTH);
 const _: () = assert!(core::mem::size_of::<SampleValue>() == 16);
 const _: () = assert!(core::mem::align_of::<SpilledSample>() == 8);
 const _: () = assert!(Counter::ALL.len() == Counter::COUNT as usize);

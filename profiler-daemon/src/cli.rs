@@ -174,11 +174,24 @@ pub enum Format {
     Svg,
 }
 
+/// A unit name as `/pprof?unit=` accepts it.
+fn parse_unit(value: &str) -> Result<String, String> {
+    if crate::cgroup::unit_of(&format!("/{value}")).as_deref() == Some(value) {
+        Ok(value.to_owned())
+    } else {
+        Err("expected a systemd unit name such as nginx.service (a user's unit: user@1000.service/app.service)".to_owned())
+    }
+}
+
 #[derive(Debug, Clone, Args)]
 pub struct RecordArgs {
     /// Only this process (repeatable). Without it, the whole system.
     #[arg(long = "pid", value_parser = clap::value_parser!(u32).range(1..))]
     pub pids: Vec<u32>,
+    /// Only the processes of this systemd unit (repeatable), e.g.
+    /// `nginx.service`; with --pid, processes that are both.
+    #[arg(long = "unit", value_parser = parse_unit)]
+    pub units: Vec<String>,
     /// How long to record.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub seconds: u64,

@@ -14,6 +14,7 @@
 //! [`pipeline`] wires the stages together; [`supervise`] makes the end of
 //! any of them the end of the daemon.
 
+pub mod cgroup;
 pub mod cli;
 pub mod collect;
 pub mod config;

@@ -57,6 +57,7 @@ pub async fn run(args: RecordArgs) -> Result<(), RecordError> {
     let until_ms = pipeline.drain_now().await?;
     let filter = Filter {
         pids: args.pids.clone(),
+        units: args.units.clone(),
         ..Filter::default()
     };
     let profile = pipeline

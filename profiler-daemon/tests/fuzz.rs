@@ -144,6 +144,8 @@ fn profiles() -> impl Strategy<Value = Profile> {
                 stack,
                 count,
                 cpu_ns,
+                cgroup: None,
+                ns_pid: None,
             },
         );
     (
@@ -242,6 +244,8 @@ proptest! {
             }),
             count: 1,
             cpu_ns: 1,
+            cgroup: None,
+            ns_pid: None,
         });
         let costs = top::top(&profile, usize::MAX);
         let with_frames: u64 = profile

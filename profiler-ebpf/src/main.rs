@@ -1,5 +1,5 @@
 //! The sampler: a perf_event program on cpu-clock (one per CPU) that counts
-//! (thread, process instance, user stack, kernel stack) in-kernel, and two raw
+//! (thread, process instance, cgroup, user stack, kernel stack) in-kernel, and two raw
 //! tracepoints that keep the process-instance table honest across exec and exit.
 //!
 //! Two buffers (counts + stack maps) alternate: the sampler writes to the one
@@ -14,8 +14,8 @@ use aya_ebpf::{
     EbpfContext, Global,
     bindings::{BPF_F_USER_STACK, BPF_NOEXIST, BPF_RB_NO_WAKEUP},
     helpers::{
-        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task, bpf_get_prandom_u32,
-        bpf_get_stack, bpf_ktime_get_ns, bpf_probe_read_kernel, generated,
+        bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task,
+        bpf_get_prandom_u32, bpf_get_stack, bpf_ktime_get_ns, bpf_probe_read_kernel, generated,
     },
     macros::{map, perf_event, raw_tracepoint},
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf, StackTrace},
@@ -121,6 +121,10 @@ pub fn sample(ctx: PerfEventContext) -> u32 {
         user_stack_id: 0,
         kernel_stack_id: 0,
         comm: bpf_get_current_comm().unwrap_or([0; COMM_LEN]),
+        reserved: 0,
+        // SAFETY: a helper without arguments; it cannot fail (the root
+        // cgroup's id when the task has no other).
+        cgroup_id: unsafe { bpf_get_current_cgroup_id() },
     };
     let cpu_ns = thread_cpu_since_last_sample(tid);
     let user = match UNWIND_MODE.load() {
@@ -276,6 +280,7 @@ fn spill(ctx: &PerfEventContext, key: &SampleKey, cpu_ns: u64, user: UserStack) 
         (*sample).comm = key.comm;
         (*sample).reserved = 0;
         (*sample).cpu_ns = cpu_ns;
+        (*sample).cgroup_id = key.cgroup_id;
         let frames = core::ptr::addr_of_mut!((*sample).user).cast();
         (*sample).user_len = match user {
             UserStack::FramePointers => {

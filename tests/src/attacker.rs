@@ -59,6 +59,24 @@ impl Attacker {
         command
     }
 
+    /// A GET made by curl as the attacker, so the daemon identifies the
+    /// caller from the kernel as it would any client: (status, body).
+    pub fn curl(&self, url: &str) -> (u16, Vec<u8>) {
+        let output = self
+            .command("curl")
+            .args(["-sS", "--max-time", "60", "-o", "-", "-w", "%{http_code}", url])
+            .output()
+            .expect("running curl as the unprivileged user");
+        assert!(
+            output.status.success(),
+            "curl {url} as {USER} failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let mut body = output.stdout;
+        let status = body.split_off(body.len().saturating_sub(3));
+        (String::from_utf8_lossy(&status).parse().unwrap_or(0), body)
+    }
+
     /// A fresh directory the attacker owns, under `base` (which must be
     /// reachable by it), removed and recreated on each call.
     pub fn workdir(&self, base: &Path, name: &str) -> PathBuf {

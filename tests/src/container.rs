@@ -6,12 +6,16 @@
 
 use std::{
     fs::File,
+    net::TcpStream,
     path::{Path, PathBuf},
     process::{Child, Command, Output, Stdio},
     time::{Duration, Instant},
 };
 
 use crate::artifacts_dir;
+
+/// The unit's default address, reachable from the host (shared network).
+pub const ADDRESS: &str = "127.0.0.1:7040";
 
 /// A booted systemd-nspawn container, powered off (and its cgroups removed)
 /// when dropped, whatever happened meanwhile.
@@ -147,6 +151,11 @@ impl Container {
             );
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// The container's root directory, as seen from the host.
+    pub fn root(&self) -> PathBuf {
+        PathBuf::from(format!("/proc/{}/root", self.pid1))
     }
 
     /// Runs a command inside (every namespace of PID 1), at most 60 s.
@@ -287,6 +296,61 @@ fn cgroup_hierarchies() -> Vec<PathBuf> {
         .map(|name| root.join(name))
         .filter(|dir| dir.join("cgroup.procs").exists())
         .collect()
+}
+
+/// Someone else's daemon on 7040 would answer in place of the one under test.
+pub fn assert_port_free() {
+    if TcpStream::connect(ADDRESS).is_ok() {
+        let who = Command::new("ss")
+            .args(["-ltnp", "sport = :7040"])
+            .output()
+            .map(|output| String::from_utf8_lossy(&output.stdout).into_owned())
+            .unwrap_or_default();
+        panic!(
+            "{ADDRESS} is already in use, and the unit under test listens there (its default address, \
+             reached from the host through the container's shared network). Stop that process and \
+             run again:\n{who}"
+        );
+    }
+}
+
+pub struct Http {
+    agent: ureq::Agent,
+}
+
+impl Http {
+    pub fn new(timeout: Duration) -> Self {
+        let agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(timeout))
+            .build()
+            .into();
+        Self { agent }
+    }
+
+    /// (status, body as text, lossy) or the transport error.
+    pub fn get(&self, path: &str) -> Result<(u16, String), ureq::Error> {
+        let (status, body) = self.get_bytes(path)?;
+        Ok((status, String::from_utf8_lossy(&body).into_owned()))
+    }
+
+    pub fn get_bytes(&self, path: &str) -> Result<(u16, Vec<u8>), ureq::Error> {
+        let mut response = self.agent.get(format!("http://{ADDRESS}{path}")).call()?;
+        let status = response.status().as_u16();
+        let body = response.body_mut().with_config().limit(256 << 20).read_to_vec()?;
+        Ok((status, body))
+    }
+
+    /// A profile saved under tests/artifacts.
+    pub fn pprof(&self, path: &str, name: &str) -> String {
+        let (status, body) = self
+            .get_bytes(path)
+            .unwrap_or_else(|err| panic!("GET {path}: {err}"));
+        assert_eq!(status, 200, "GET {path}: {}", String::from_utf8_lossy(&body));
+        let file = artifacts_dir().join(name);
+        std::fs::write(&file, body).expect("saving the profile");
+        file.display().to_string()
+    }
 }
 
 /// Panics with the command's output unless it succeeded.

@@ -184,6 +184,8 @@ impl Drainer {
                 user_stack_id: stack_id(spilled.user_len, &spilled.user, &mut batch.user_stacks),
                 kernel_stack_id: stack_id(spilled.kernel_len, &spilled.kernel, &mut batch.kernel_stacks),
                 comm: spilled.comm,
+                reserved: 0,
+                cgroup_id: spilled.cgroup_id,
             };
             batch.samples.push(RawSample {
                 key,

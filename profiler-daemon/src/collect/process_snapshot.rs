@@ -36,6 +36,11 @@ pub struct ProcessSnapshot {
     pub uid: Option<u32>,
     /// Executable mappings, sorted by address.
     pub mappings: Vec<SnapshotMapping>,
+    /// The process's pid in its own pid namespace, when that is not ours
+    /// (the last `NSpid:` field of /proc/PID/status).
+    pub ns_pid: Option<u32>,
+    /// The process's cgroup id and path (see [`crate::cgroup::read_process_cgroup`]).
+    pub cgroup: Option<(u64, String)>,
 }
 
 /// Reads snapshots; files are shared through one [`OpenFiles`] registry.
@@ -54,7 +59,10 @@ impl SnapshotReader {
         let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
             .map(|comm| comm.trim_end_matches('\n').to_owned())
             .unwrap_or_default();
-        let uid = read_real_uid(pid);
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let uid = real_uid_in(&status);
+        let ns_pid = ns_pid_in(&status);
+        let cgroup = crate::cgroup::v2_root().and_then(|root| crate::cgroup::read_process_cgroup(pid, root));
         let mut mappings = Vec::new();
         let mut files: HashMap<(u64, u64), Arc<MappedFile>> = HashMap::new();
         let mut user_filesystems: Option<UserFilesystems> = None;
@@ -104,13 +112,18 @@ impl SnapshotReader {
             comm,
             uid,
             mappings,
+            ns_pid,
+            cgroup,
         })
     }
 }
 
 /// The process's real uid, the first field of `Uid:` in /proc/PID/status.
 pub fn read_real_uid(pid: u32) -> Option<u32> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    real_uid_in(&std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?)
+}
+
+fn real_uid_in(status: &str) -> Option<u32> {
     status
         .lines()
         .find_map(|line| line.strip_prefix("Uid:"))?
@@ -118,6 +131,20 @@ pub fn read_real_uid(pid: u32) -> Option<u32> {
         .next()?
         .parse()
         .ok()
+}
+
+/// The innermost pid of `NSpid:` (one pid per nested pid namespace, ours
+/// first), when the process is in a namespace below ours.
+fn ns_pid_in(status: &str) -> Option<u32> {
+    let pids: Vec<&str> = status
+        .lines()
+        .find_map(|line| line.strip_prefix("NSpid:"))?
+        .split_whitespace()
+        .collect();
+    match pids.as_slice() {
+        [_, .., innermost] => innermost.parse().ok(),
+        _ => None,
+    }
 }
 
 #[cfg(test)]
@@ -142,5 +169,25 @@ mod tests {
         // SAFETY: getuid has no preconditions and cannot fail.
         let uid = unsafe { libc::getuid() };
         assert_eq!(snapshot.uid, Some(uid), "our own real uid");
+        assert_eq!(
+            snapshot.ns_pid, None,
+            "the test runs in the daemon's pid namespace"
+        );
+        let (_, path) = snapshot
+            .cgroup
+            .expect("our own cgroup (a cgroup v2 hierarchy is mounted)");
+        let proc_cgroup = std::fs::read_to_string("/proc/self/cgroup").expect("/proc/self/cgroup");
+        assert!(
+            proc_cgroup.lines().any(|line| line == format!("0::{path}")),
+            "{path} in {proc_cgroup}"
+        );
+    }
+
+    #[test]
+    fn ns_pid_is_the_innermost_of_nested_namespaces() {
+        assert_eq!(ns_pid_in("Name:\tx\nNSpid:\t4242\t17\t1\n"), Some(1));
+        assert_eq!(ns_pid_in("NSpid:\t4242\t7\n"), Some(7));
+        assert_eq!(ns_pid_in("NSpid:\t4242\n"), None);
+        assert_eq!(ns_pid_in("Name:\tx\n"), None);
     }
 }

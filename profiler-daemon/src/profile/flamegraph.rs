@@ -46,6 +46,15 @@ pub fn title(filter: &Filter, window: &Window) -> String {
     if !filter.comms.is_empty() {
         who.push(format!("comm {}", filter.comms.join(",")));
     }
+    for (name, values) in [
+        ("unit", &filter.units),
+        ("cgroup", &filter.cgroups),
+        ("container", &filter.containers),
+    ] {
+        if !values.is_empty() {
+            who.push(format!("{name} {}", values.join(",")));
+        }
+    }
     let who = if who.is_empty() {
         "all processes".to_owned()
     } else {

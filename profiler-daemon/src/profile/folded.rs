@@ -92,6 +92,8 @@ mod tests {
             stack: stack.clone(),
             count,
             cpu_ns: 0,
+            cgroup: None,
+            ns_pid: None,
         };
         let profile = Profile {
             window: Window::ALL,

@@ -4,7 +4,8 @@
 //! `[samples/count, cpu/nanoseconds]`, ids 1..N in table order (Parca rejects
 //! anything else), `string_table[0] == ""`, locations leaf first, lines
 //! innermost first, and string labels `pid`, `comm`, `thread_id`,
-//! `thread_name` on every sample.
+//! `thread_name` on every sample; `cgroup`, `unit`, `container_id` and
+//! `ns_pid` on the samples that have one.
 
 mod builder;
 pub mod proto;
@@ -70,12 +71,29 @@ pub fn build(profile: &Profile) -> proto::Profile {
     for sample in order {
         let location_id = builder.stack(&sample.stack);
         let count = to_i64(sample.count);
-        let label = vec![
+        let mut label = vec![
             builder.number_label(keys.pid, sample.pid),
             builder.label(keys.comm, &sample.comm),
             builder.number_label(keys.thread_id, sample.tid),
             builder.label(keys.thread_name, &sample.thread_name),
         ];
+        // Keys interned when first used: profiles without them stay as they were.
+        if let Some(cgroup) = &sample.cgroup {
+            let key = builder.string("cgroup");
+            label.push(builder.label(key, &cgroup.path));
+            if let Some(unit) = &cgroup.unit {
+                let key = builder.string("unit");
+                label.push(builder.label(key, unit));
+            }
+            if let Some(id) = &cgroup.container_id {
+                let key = builder.string("container_id");
+                label.push(builder.label(key, id));
+            }
+        }
+        if let Some(ns_pid) = sample.ns_pid {
+            let key = builder.string("ns_pid");
+            label.push(builder.number_label(key, ns_pid));
+        }
         samples.push(proto::Sample {
             location_id,
             // Measured CPU time (see SymbolizedSample::cpu_ns), not count × period.

@@ -170,6 +170,8 @@ mod tests {
                     stack,
                     count,
                     cpu_ns: count * 10,
+                    cgroup: None,
+                    ns_pid: None,
                 })
                 .collect(),
         }

@@ -68,10 +68,11 @@ pub(super) async fn pprof(
 /// pid neither runs nor has samples, as far as the caller may know.
 pub(super) async fn recent_profile(
     state: &ServeState,
-    params: ProfileParams,
+    mut params: ProfileParams,
     visible: Visible,
 ) -> Result<Profile, HttpError> {
     let now_ms = drain(state).await?;
+    super::cgroup_filter::resolve(state, &mut params.filter, visible).await?;
     let window = Window::last(params.seconds, now_ms);
     for &pid in &params.filter.pids {
         let Err(reason) = process_runs(pid, visible) else {
@@ -104,7 +105,7 @@ pub(super) async fn go_profile(
     Viewer(visible): Viewer,
     RawQuery(query): RawQuery,
 ) -> Result<Response, HttpError> {
-    let params = params::parse_go_profile(query.as_deref(), &state.limits())?;
+    let mut params = params::parse_go_profile(query.as_deref(), &state.limits())?;
     // Only a running process can be sampled in a window that starts now.
     if let Some(Err(reason)) = params
         .filter
@@ -116,6 +117,7 @@ pub(super) async fn go_profile(
         return Err(HttpError::new(StatusCode::NOT_FOUND, reason));
     }
     let after_ms = drain(&state).await?;
+    super::cgroup_filter::resolve(&state, &mut params.filter, visible).await?;
     tokio::select! {
         () = tokio::time::sleep(Duration::from_secs(params.seconds)) => {}
         () = stopping(state.stopping.clone()) => {}

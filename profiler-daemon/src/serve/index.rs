@@ -44,12 +44,13 @@ pub(super) async fn index(
 /// loaded from elsewhere (the page works offline and leaks nothing).
 pub fn page(profile: &Profile, filter: &Filter, seconds: u64) -> String {
     let report = threads::report(profile);
+    let units = units_table(&report.processes, profile, seconds);
     let mut rows = String::new();
     for process in &report.processes {
         row(&mut rows, process, profile, seconds);
     }
     if report.processes.is_empty() {
-        rows.push_str("<tr><td colspan=6>no samples in this window</td></tr>\n");
+        rows.push_str("<tr><td colspan=7>no samples in this window</td></tr>\n");
     }
     format!(
         "<!doctype html>\n<html><head><meta charset=utf-8><title>profilerd</title><style>\
@@ -59,8 +60,8 @@ pub fn page(profile: &Profile, filter: &Filter, seconds: u64) -> String {
          CPU is measured in the kernel, as a share of one CPU: 100% is one CPU busy for the whole window.</p>\
          <p><a href=\"/flamegraph.svg?seconds={seconds}\">whole-system flame graph</a> · \
          <a href=\"/top?seconds={seconds}\">top</a> · <a href=\"/folded?seconds={seconds}\">folded</a> · \
-         <a href=\"/metrics\">metrics</a></p>\n\
-         <table><tr><th>pid</th><th>comm</th><th class=n>CPU</th><th class=n>threads</th>\
+         <a href=\"/metrics\">metrics</a></p>\n{units}\
+         <table><tr><th>pid</th><th>comm</th><th>unit</th><th class=n>CPU</th><th class=n>threads</th>\
          <th class=n>samples</th><th></th></tr>\n{rows}</table></body></html>\n",
         escape_xml(&title(filter, &profile.window)),
         profile.total_samples()
@@ -89,13 +90,55 @@ fn row(out: &mut String, process: &ProcessReport, profile: &Profile, seconds: u6
     // Writing to a String cannot fail.
     let _ = writeln!(
         out,
-        "<tr><td>{pid}</td><td>{}</td><td class=n>{share:.1}%</td>\
+        "<tr><td>{pid}</td><td>{}</td><td>{}</td><td class=n>{share:.1}%</td>\
          <td class=n title=\"{}\">{}</td><td class=n>{}</td><td>{links}</td></tr>",
         escape_xml(&process.comm),
+        escape_xml(process.unit.as_deref().unwrap_or_default()),
         escape_xml(&names.join(", ")),
         process.threads.len(),
         process.samples,
     );
+}
+
+/// The processes grouped by unit, busiest unit first, each linking to its
+/// views; empty when no process has a unit.
+fn units_table(processes: &[ProcessReport], profile: &Profile, seconds: u64) -> String {
+    // unit -> (CPU ns, processes)
+    let mut units: std::collections::BTreeMap<&str, (u64, usize)> = std::collections::BTreeMap::new();
+    for process in processes {
+        if let Some(unit) = &process.unit {
+            let entry = units.entry(unit).or_default();
+            entry.0 += process.cpu_ns;
+            entry.1 += 1;
+        }
+    }
+    if units.is_empty() {
+        return String::new();
+    }
+    let mut units: Vec<_> = units.into_iter().collect();
+    units.sort_by(|a, b| b.1.0.cmp(&a.1.0).then(a.0.cmp(b.0)));
+    let window_ns = profile.window.duration_ms().max(1) as f64 * 1e6;
+    let mut out = String::from(
+        "<table><tr><th>unit</th><th class=n>CPU</th><th class=n>processes</th><th></th></tr>\n",
+    );
+    for (unit, (cpu_ns, count)) in units {
+        let share = cpu_ns as f64 * 100.0 / window_ns;
+        // `@` (templated and user units) is percent-encoded.
+        let query: String = form_urlencoded::byte_serialize(unit.as_bytes()).collect();
+        let links = ["flamegraph.svg", "top", "pprof"]
+            .iter()
+            .zip(["flame graph", "top", "pprof"])
+            .map(|(path, text)| format!("<a href=\"/{path}?unit={query}&amp;seconds={seconds}\">{text}</a>"))
+            .collect::<Vec<_>>()
+            .join(" · ");
+        let _ = writeln!(
+            out,
+            "<tr><td>{}</td><td class=n>{share:.1}%</td><td class=n>{count}</td><td>{links}</td></tr>",
+            escape_xml(unit)
+        );
+    }
+    out.push_str("</table><p></p>\n");
+    out
 }
 
 #[cfg(test)]
@@ -126,6 +169,10 @@ mod tests {
                 }),
                 count: 10,
                 cpu_ns: 5_000_000_000,
+                cgroup: Some(Arc::new(crate::cgroup::Cgroup::from_path(
+                    "/system.slice/system-pg.slice/postgresql@16-main.service",
+                ))),
+                ns_pid: None,
             }],
         }
     }
@@ -146,7 +193,18 @@ mod tests {
     #[test]
     fn rows_show_cpu_share_threads_and_links() {
         let page = page(&profile("worker", "worker"), &Filter::default(), 10);
-        assert!(page.contains("<td>7</td><td>worker</td>"), "{page}");
+        assert!(
+            page.contains("<td>7</td><td>worker</td><td>postgresql@16-main.service</td>"),
+            "{page}"
+        );
+        assert!(
+            page.contains("<tr><td>postgresql@16-main.service</td><td class=n>50.0%</td><td class=n>1</td>"),
+            "the unit's row: {page}"
+        );
+        assert!(
+            page.contains("/flamegraph.svg?unit=postgresql%4016-main.service&amp;seconds=10"),
+            "{page}"
+        );
         assert!(page.contains("50.0%"), "5 s of CPU in a 10 s window: {page}");
         for link in [
             "/flamegraph.svg?pid=7&amp;seconds=10",

@@ -4,6 +4,7 @@
 //! pipeline's status, the store), so they are encoded at scrape time by a
 //! collector; only HTTP requests are counted here.
 
+mod cgroups;
 mod isolation;
 mod tls;
 mod unwinding;
@@ -262,6 +263,7 @@ impl Collector for Snapshot {
             "Mappings re-read after an address fell outside them",
             processes.refreshes,
         )?;
+        cgroups::encode(out, status.symbolizer.cgroups)?;
         isolation::encode(out, status, &self.open_files)?;
         unwinding::encode(out, bpf, self.unwind_tables.as_ref())?;
         let store = self.store;

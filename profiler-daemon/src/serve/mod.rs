@@ -17,6 +17,7 @@
 
 mod accept;
 pub mod access;
+mod cgroup_filter;
 pub mod connections;
 mod handlers;
 mod index;

@@ -3,13 +3,13 @@
 
 use std::fmt;
 
-use crate::store::Filter;
+use crate::{cgroup, store::Filter};
 
 /// Longer query strings are refused before parsing (no legitimate request
 /// comes close; a long one is a mistake or an attack).
 pub const MAX_QUERY_BYTES: usize = 4096;
 /// Parameters every profile endpoint accepts.
-const COMMON_PARAMETERS: [&str; 4] = ["pid", "tid", "comm", "seconds"];
+const COMMON_PARAMETERS: [&str; 7] = ["pid", "tid", "comm", "unit", "cgroup", "container", "seconds"];
 /// Bytes of a rejected value quoted back in an error message.
 const MAX_QUOTED: usize = 64;
 /// `/proc/PID/comm` of kernel workers can exceed TASK_COMM_LEN; nothing is longer.
@@ -127,6 +127,14 @@ fn parse(
                     filter.comms.push(comm);
                 }
             }
+            "unit" => push_units(&mut filter.units, &value)?,
+            "cgroup" => {
+                let prefix = parse_cgroup(&value)?;
+                if !filter.cgroups.contains(&prefix) {
+                    filter.cgroups.push(prefix);
+                }
+            }
+            "container" => push_containers(&mut filter.containers, &value)?,
             "seconds" => match mode {
                 Mode::Strict if seconds.is_some() => return Err(ParamError::RepeatedSeconds),
                 Mode::Strict => seconds = Some(parse_seconds(&value, limits)?),
@@ -207,6 +215,72 @@ fn parse_comm(value: &str) -> Result<String, ParamError> {
         });
     }
     Ok(value.to_owned())
+}
+
+/// `unit=nginx.service,user@1000.service/app.service`: exact unit names as
+/// [`cgroup::unit_of`] gives them.
+fn push_units(units: &mut Vec<String>, value: &str) -> Result<(), ParamError> {
+    for part in value.split(',') {
+        // A name is valid when it is what a cgroup of that name would give.
+        let valid = cgroup::unit_of(&format!("/{part}")).as_deref() == Some(part);
+        if !valid {
+            return Err(ParamError::Invalid {
+                name: "unit",
+                value: Quoted::new(part),
+                expected: "a systemd unit name such as nginx.service (a user's unit: user@1000.service/app.service); repeat unit= or separate names with commas".to_owned(),
+            });
+        }
+        if !units.iter().any(|unit| unit == part) {
+            units.push(part.to_owned());
+        }
+    }
+    Ok(())
+}
+
+/// `cgroup=/system.slice`: a path prefix, normalized. Not split on commas:
+/// cgroup names may hold them.
+fn parse_cgroup(value: &str) -> Result<String, ParamError> {
+    if value.len() > cgroup::MAX_PATH_BYTES
+        || value.chars().any(char::is_control)
+        || value.split('/').any(|part| part == "." || part == "..")
+    {
+        return Err(ParamError::Invalid {
+            name: "cgroup",
+            value: Quoted::new(value),
+            expected: format!(
+                "a cgroup path prefix such as /system.slice, at most {} bytes, without . or .. components",
+                cgroup::MAX_PATH_BYTES
+            ),
+        });
+    }
+    Ok(cgroup::normalize_prefix(value))
+}
+
+/// Longest container id (docker, containerd, cri-o, podman).
+const CONTAINER_ID_LEN: usize = 64;
+
+/// `container=4f1e0c2a`: container ids or prefixes of them, lowercase hex.
+fn push_containers(containers: &mut Vec<String>, value: &str) -> Result<(), ParamError> {
+    for part in value.split(',') {
+        if part.is_empty()
+            || part.len() > CONTAINER_ID_LEN
+            || !part
+                .bytes()
+                .all(|byte| byte.is_ascii_digit() || (b'a'..=b'f').contains(&byte))
+        {
+            return Err(ParamError::Invalid {
+                name: "container",
+                value: Quoted::new(part),
+                expected: format!(
+                    "a container id or a unique prefix of one, 1 to {CONTAINER_ID_LEN} lowercase hex digits; repeat container= or separate ids with commas"
+                ),
+            });
+        }
+        if !containers.iter().any(|id| id == part) {
+            containers.push(part.to_owned());
+        }
+    }
+    Ok(())
 }
 
 fn parse_seconds(value: &str, limits: &Limits) -> Result<u64, ParamError> {

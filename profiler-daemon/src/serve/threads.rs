@@ -29,6 +29,15 @@ pub struct WindowReport {
 pub struct ProcessReport {
     pub pid: u32,
     pub comm: String,
+    /// The systemd unit most of the process's samples ran in.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unit: Option<String>,
+    /// Its cgroup, chosen the same way.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cgroup: Option<String>,
+    /// The process's pid in its own pid namespace, when that is another.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ns_pid: Option<u32>,
     /// Sums over the threads.
     pub cpu_ns: u64,
     pub samples: u64,
@@ -63,7 +72,21 @@ pub fn report(profile: &Profile) -> ThreadsReport {
     let mut processes: BTreeMap<u32, (String, BTreeMap<u32, ThreadReport>)> = BTreeMap::new();
     // (pid, tid) -> name -> samples
     let mut names: BTreeMap<(u32, u32), BTreeMap<&str, u64>> = BTreeMap::new();
+    // pid -> cgroup path -> samples; and each process's ns_pid.
+    let mut cgroups: BTreeMap<u32, BTreeMap<&str, (u64, Option<&str>)>> = BTreeMap::new();
+    let mut ns_pids: BTreeMap<u32, u32> = BTreeMap::new();
     for sample in &profile.samples {
+        if let Some(cgroup) = &sample.cgroup {
+            let entry = cgroups
+                .entry(sample.pid)
+                .or_default()
+                .entry(&cgroup.path)
+                .or_insert((0, cgroup.unit.as_deref()));
+            entry.0 += sample.count;
+        }
+        if let Some(ns_pid) = sample.ns_pid {
+            ns_pids.insert(sample.pid, ns_pid);
+        }
         *names
             .entry((sample.pid, sample.tid))
             .or_default()
@@ -96,9 +119,15 @@ pub fn report(profile: &Profile) -> ThreadsReport {
         .map(|(pid, (comm, threads))| {
             let mut threads: Vec<ThreadReport> = threads.into_values().collect();
             threads.sort_by(|a, b| b.cpu_ns.cmp(&a.cpu_ns).then(a.tid.cmp(&b.tid)));
+            let cgroup = cgroups
+                .get(&pid)
+                .and_then(|paths| paths.iter().max_by_key(|(_, (count, _))| *count));
             ProcessReport {
                 pid,
                 comm,
+                unit: cgroup.and_then(|(_, (_, unit))| unit.map(str::to_owned)),
+                cgroup: cgroup.map(|(path, _)| (*path).to_owned()),
+                ns_pid: ns_pids.get(&pid).copied(),
                 cpu_ns: threads.iter().map(|thread| thread.cpu_ns).sum(),
                 samples: threads.iter().map(|thread| thread.samples).sum(),
                 threads,
@@ -130,6 +159,9 @@ mod tests {
         let stack = Arc::new(SymbolizedStack {
             locations: Box::new([]),
         });
+        let unit = Some(Arc::new(crate::cgroup::Cgroup::from_path(
+            "/system.slice/a.service",
+        )));
         let sample = |pid, tid, name: &str, count, cpu_ns| SymbolizedSample {
             pid,
             tid,
@@ -139,6 +171,8 @@ mod tests {
             stack: stack.clone(),
             count,
             cpu_ns,
+            cgroup: (pid == 2).then(|| unit.clone()).flatten(),
+            ns_pid: (pid == 2).then_some(7),
         };
         let profile = Profile {
             window: Window {
@@ -182,5 +216,13 @@ mod tests {
             ]
         );
         assert_eq!(report.processes[1].comm, "proc1");
+        assert_eq!(
+            (busiest.unit.as_deref(), busiest.cgroup.as_deref(), busiest.ns_pid),
+            (Some("a.service"), Some("/system.slice/a.service"), Some(7))
+        );
+        assert_eq!(
+            (report.processes[1].unit.as_deref(), report.processes[1].ns_pid),
+            (None, None)
+        );
     }
 }

@@ -1,10 +1,12 @@
 //! The store's single owner: a task that applies ingests and answers queries
 //! in arrival order, so a query sent after a drain's ingest sees its samples.
 
+use std::sync::Arc;
+
 use tokio::sync::{mpsc, oneshot};
 
 use super::{Query, Store, StoreStats, Visible, Window};
-use crate::{profile::Profile, symbolize::SymbolizedSample};
+use crate::{cgroup::Cgroup, profile::Profile, symbolize::SymbolizedSample};
 
 #[derive(Debug, thiserror::Error)]
 #[error("the store has shut down")]
@@ -25,6 +27,10 @@ enum Request {
         window: Window,
         visible: Visible,
         reply: oneshot::Sender<bool>,
+    },
+    Cgroups {
+        visible: Visible,
+        reply: oneshot::Sender<Vec<Arc<Cgroup>>>,
     },
     Stats {
         reply: oneshot::Sender<StoreStats>,
@@ -65,6 +71,9 @@ pub fn spawn(mut store: Store) -> (StoreHandle, tokio::task::JoinHandle<()>) {
                 } => {
                     let _ = reply.send(store.has_pid(pid, window, visible));
                 }
+                Request::Cgroups { visible, reply } => {
+                    let _ = reply.send(store.cgroups(visible));
+                }
                 Request::Stats { reply } => {
                     let _ = reply.send(store.stats());
                 }
@@ -104,6 +113,11 @@ impl StoreHandle {
             reply,
         })
         .await
+    }
+
+    /// See [`Store::cgroups`].
+    pub async fn cgroups(&self, visible: Visible) -> Result<Vec<Arc<Cgroup>>, StoreClosed> {
+        self.ask(|reply| Request::Cgroups { visible, reply }).await
     }
 
     pub async fn stats(&self) -> Result<StoreStats, StoreClosed> {

@@ -17,6 +17,7 @@ pub use actor::{StoreClosed, StoreHandle, spawn};
 pub use query::{Filter, Query, Visible, Window};
 
 use crate::{
+    cgroup::Cgroup,
     profile::Profile,
     symbolize::{SymbolizedSample, SymbolizedStack},
 };
@@ -62,6 +63,8 @@ struct EntryKey {
     uid: Option<u32>,
     thread_name: Arc<str>,
     stack: StackId,
+    cgroup: Option<Arc<Cgroup>>,
+    ns_pid: Option<u32>,
 }
 
 /// Samples and CPU nanoseconds.
@@ -126,6 +129,8 @@ impl Store {
                 uid: sample.uid,
                 thread_name: sample.thread_name.clone(),
                 stack: key_stack,
+                cgroup: sample.cgroup.clone(),
+                ns_pid: sample.ns_pid,
             };
             let bucket = self.buckets.back_mut().expect("a bucket was pushed above");
             if let Some(totals) = bucket.entries.get_mut(&key) {
@@ -190,7 +195,11 @@ impl Store {
             }
             last = Some(bucket.time_ms);
             for (key, value) in &bucket.entries {
-                if query.visible.allows(key.uid) && query.filter.matches(key.pid, key.tid, &key.comm) {
+                if query.visible.allows(key.uid)
+                    && query
+                        .filter
+                        .matches(key.pid, key.tid, &key.comm, key.cgroup.as_deref())
+                {
                     let total = totals.entry(key).or_default();
                     total.count += value.count;
                     total.cpu_ns += value.cpu_ns;
@@ -219,6 +228,8 @@ impl Store {
                     stack: self.stacks.get(key.stack)?.clone(),
                     count: totals.count,
                     cpu_ns: totals.cpu_ns,
+                    cgroup: key.cgroup.clone(),
+                    ns_pid: key.ns_pid,
                 })
             })
             .collect();
@@ -240,6 +251,22 @@ impl Store {
                     .keys()
                     .any(|key| key.pid == pid && visible.allows(key.uid))
             })
+    }
+
+    /// Every cgroup with samples `visible` allows, over the whole retention,
+    /// each once: what cgroup, unit and container filters can select.
+    pub fn cgroups(&self, visible: Visible) -> Vec<Arc<Cgroup>> {
+        let mut seen: std::collections::HashSet<&Arc<Cgroup>> = std::collections::HashSet::new();
+        for bucket in &self.buckets {
+            for key in bucket.entries.keys() {
+                if let Some(cgroup) = &key.cgroup
+                    && visible.allows(key.uid)
+                {
+                    seen.insert(cgroup);
+                }
+            }
+        }
+        seen.into_iter().cloned().collect()
     }
 
     pub fn stats(&self) -> StoreStats {

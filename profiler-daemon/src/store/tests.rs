@@ -35,6 +35,8 @@ fn sample(pid: u32, tid: u32, comm: &str, stack: &Arc<SymbolizedStack>, count: u
         stack: stack.clone(),
         count,
         cpu_ns: count * 10_000_000,
+        cgroup: None,
+        ns_pid: None,
     }
 }
 
@@ -150,6 +152,7 @@ fn filters_or_within_and_across() {
         pids: vec![1, 2],
         tids: vec![12, 21],
         comms: vec!["beta".into()],
+        ..Filter::default()
     };
     assert_eq!(
         store.query(&all(and)).total_samples(),
@@ -239,4 +242,64 @@ fn a_caller_sees_only_the_samples_of_its_own_uid() {
     assert!(!store.has_pid(1, Window::ALL, Visible::OwnedBy(1002)));
     assert!(!store.has_pid(7, Window::ALL, Visible::OwnedBy(1002)));
     assert!(store.has_pid(7, Window::ALL, Visible::All));
+}
+
+#[test]
+fn unit_cgroup_and_container_filters_and_the_cgroups_a_caller_may_see() {
+    let mut store = store(300, 1 << 20);
+    let s = stack(&["f"]);
+    let id = "4f1e0c2ab3d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f";
+    let in_cgroup = |pid, path: &str, count| SymbolizedSample {
+        cgroup: Some(Arc::new(crate::cgroup::Cgroup::from_path(path))),
+        ..sample(pid, pid, "w", &s, count)
+    };
+    store.ingest(
+        10,
+        &[
+            in_cgroup(1, "/system.slice/nginx.service", 1),
+            in_cgroup(2, "/system.slice/nginx.service", 2),
+            in_cgroup(3, &format!("/system.slice/docker-{id}.scope"), 4),
+            in_cgroup(4, "/user.slice/user-1000.slice/session-3.scope", 8),
+            sample(5, 5, "unnamed", &s, 16),
+        ],
+    );
+    let total = |filter: Filter| store.query(&all(filter)).total_samples();
+    let units = |units: &[&str]| Filter {
+        units: units.iter().map(|unit| (*unit).to_owned()).collect(),
+        ..Filter::default()
+    };
+    assert_eq!(total(units(&["nginx.service"])), 3);
+    assert_eq!(total(units(&["nginx.service", "session-3.scope"])), 11);
+    assert_eq!(total(units(&["nginx"])), 0, "exact names only");
+    let cgroups = |prefixes: &[&str]| Filter {
+        cgroups: prefixes.iter().map(|prefix| (*prefix).to_owned()).collect(),
+        ..Filter::default()
+    };
+    assert_eq!(total(cgroups(&["/system.slice"])), 7);
+    assert_eq!(
+        total(cgroups(&["/"])),
+        15,
+        "the root holds every named cgroup, not unnamed ones"
+    );
+    assert_eq!(total(cgroups(&["/system"])), 0, "whole components");
+    let containers = Filter {
+        containers: vec![id.to_owned()],
+        ..Filter::default()
+    };
+    assert_eq!(total(containers), 4);
+    // AND across filters.
+    let both = Filter {
+        pids: vec![1, 3],
+        ..units(&["nginx.service"])
+    };
+    assert_eq!(total(both), 1);
+    // Each caller sees the cgroups of the processes it may see (uid = pid + 1000).
+    assert_eq!(store.cgroups(Visible::All).len(), 3);
+    let own = store.cgroups(Visible::OwnedBy(1004));
+    assert_eq!(own.len(), 1);
+    assert_eq!(own[0].unit.as_deref(), Some("session-3.scope"));
+    assert!(
+        store.cgroups(Visible::OwnedBy(1005)).is_empty(),
+        "unnamed: no cgroup"
+    );
 }

@@ -16,7 +16,10 @@ pub use processes::ProcessStats;
 pub use resolver::ResolverStats;
 pub use stack::{FrameKind, Function, Line, Location, Mapping, SymbolizedSample, SymbolizedStack};
 
-use crate::collect::{OpenFiles, ProcessNotice, ProcessSnapshot, RawBatch, SnapshotReader};
+use crate::{
+    cgroup::{CgroupResolver, CgroupStats},
+    collect::{OpenFiles, ProcessNotice, ProcessSnapshot, RawBatch, SnapshotReader},
+};
 use processes::{ProcessEntry, ProcessTable};
 use resolver::Resolver;
 use worker::WorkerConfig;
@@ -26,6 +29,7 @@ use worker::WorkerConfig;
 pub struct SymbolizerStats {
     pub resolver: ResolverStats,
     pub processes: ProcessStats,
+    pub cgroups: CgroupStats,
 }
 
 pub struct Symbolizer {
@@ -33,6 +37,7 @@ pub struct Symbolizer {
     processes: ProcessTable,
     kernel_mapping: Arc<Mapping>,
     names: HashMap<[u8; profiler_common::COMM_LEN], Arc<str>>,
+    cgroups: CgroupResolver,
 }
 
 impl Symbolizer {
@@ -49,12 +54,18 @@ impl Symbolizer {
                 build_id: None,
             }),
             names: HashMap::new(),
+            cgroups: CgroupResolver::new(crate::cgroup::v2_root()),
         }
     }
 
     pub fn notice(&mut self, notice: ProcessNotice) {
         match notice {
-            ProcessNotice::Started(snapshot) => self.processes.insert(snapshot, &mut self.resolver),
+            ProcessNotice::Started(snapshot) => {
+                if let Some((id, path)) = &snapshot.cgroup {
+                    self.cgroups.learn(*id, path);
+                }
+                self.processes.insert(snapshot, &mut self.resolver);
+            }
             ProcessNotice::Exited { pid, instance } => self.processes.exited(pid, instance),
         }
     }
@@ -69,6 +80,7 @@ impl Symbolizer {
         SymbolizerStats {
             resolver: self.resolver.stats,
             processes: self.processes.stats,
+            cgroups: self.cgroups.stats,
         }
     }
 
@@ -99,6 +111,18 @@ impl Symbolizer {
         }
         self.resolver.resolve_pending();
         self.processes.attach_build_ids(&self.resolver);
+        // Processes first read just now (no early snapshot) name their cgroups too.
+        for snapshot in self.processes.fresh() {
+            if let Some((id, path)) = &snapshot.cgroup {
+                self.cgroups.learn(*id, path);
+            }
+        }
+        let cgroups = self.cgroups.resolve(
+            batch
+                .samples
+                .iter()
+                .map(|sample| (sample.key.cgroup_id, sample.key.tgid)),
+        );
 
         // Pass 2: build each distinct stack once per batch from the caches.
         let mut stacks: HashMap<(u32, u32, i32, i32), Arc<SymbolizedStack>> = HashMap::new();
@@ -114,6 +138,7 @@ impl Symbolizer {
                 _ => thread_name.clone(),
             };
             let uid = process.and_then(|process| process.uid);
+            let ns_pid = process.and_then(|process| process.ns_pid);
             let stack = stacks
                 .entry((key.tgid, key.instance, key.user_stack_id, key.kernel_stack_id))
                 .or_insert_with(|| {
@@ -135,6 +160,8 @@ impl Symbolizer {
                 stack,
                 count: sample.count,
                 cpu_ns: sample.cpu_ns,
+                cgroup: cgroups.get(&key.cgroup_id).cloned(),
+                ns_pid,
             });
         }
         for file in self.processes.end_batch() {

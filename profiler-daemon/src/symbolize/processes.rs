@@ -24,6 +24,8 @@ pub struct ProcessEntry {
     pub uid: Option<u32>,
     /// Sorted by `start`.
     pub mappings: Vec<UserMapping>,
+    /// See [`ProcessSnapshot::ns_pid`].
+    pub ns_pid: Option<u32>,
     last_batch: u64,
 }
 
@@ -129,6 +131,11 @@ impl ProcessTable {
         Some(entry)
     }
 
+    /// Snapshots read since the last [`Self::take_fresh`].
+    pub fn fresh(&self) -> &[ProcessSnapshot] {
+        &self.fresh
+    }
+
     /// Snapshots read since the last call (late first reads and refreshes
     /// after a dlopen), which the process watcher never saw.
     pub fn take_fresh(&mut self) -> Vec<ProcessSnapshot> {
@@ -218,6 +225,7 @@ fn entry_from(snapshot: ProcessSnapshot, resolver: &Resolver, batch: u64) -> Pro
         comm: snapshot.comm.into(),
         uid: snapshot.uid,
         mappings,
+        ns_pid: snapshot.ns_pid,
         last_batch: batch,
     }
 }

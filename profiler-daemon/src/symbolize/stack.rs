@@ -93,6 +93,10 @@ pub struct SymbolizedSample {
     /// CPU time the thread consumed, attributed to these samples (each sample
     /// carries the thread's CPU time since its previous sample).
     pub cpu_ns: u64,
+    /// The thread's cgroup, when it could be named.
+    pub cgroup: Option<Arc<crate::cgroup::Cgroup>>,
+    /// The process's pid in its own pid namespace, when that is another.
+    pub ns_pid: Option<u32>,
 }
 
 #[cfg(test)]

@@ -34,6 +34,8 @@ fn profile(samples: &[(&str, &[(&str, FrameKind)])]) -> Profile {
             }),
             count: 10,
             cpu_ns: 1_000_000,
+            cgroup: None,
+            ns_pid: None,
         })
         .collect();
     Profile {
@@ -150,6 +152,7 @@ fn titles_name_the_processes_and_the_window() {
         pids: vec![7],
         tids: vec![9],
         comms: vec!["nginx".into(), "redis".into()],
+        ..Filter::default()
     };
     assert!(title(&mixed, &window).starts_with("CPU: pid 7, tid 9, comm nginx,redis — "));
     assert!(title(&Filter::default(), &window).starts_with("CPU: all processes — "));

@@ -56,6 +56,8 @@ fn sample(pid: u32, tid: u32, comm: &str, stack: &Arc<SymbolizedStack>, count: u
         stack: stack.clone(),
         count,
         cpu_ns: count * 10_101_010,
+        cgroup: None,
+        ns_pid: None,
     }
 }
 
@@ -335,4 +337,47 @@ fn extreme_windows_and_frequencies_saturate_instead_of_overflowing() {
     let decoded = build(&profile);
     assert_eq!(decoded.period, 1_000_000_000);
     assert_eq!(decoded.duration_nanos, i64::MAX);
+}
+
+#[test]
+fn cgroup_unit_container_and_ns_pid_labels_when_known() {
+    let mut profile = fixture();
+    let id = "4f1e0c2ab3d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f";
+    profile.samples[0].cgroup = Some(Arc::new(crate::cgroup::Cgroup::from_path(&format!(
+        "/system.slice/docker-{id}.scope"
+    ))));
+    profile.samples[0].ns_pid = Some(1);
+    let built = build(&profile);
+    let s = |index: i64| built.string_table[usize::try_from(index).expect("an index")].as_str();
+    let labels = |sample: &proto::Sample| -> Vec<(String, String)> {
+        sample
+            .label
+            .iter()
+            .map(|label| (s(label.key).to_owned(), s(label.str).to_owned()))
+            .collect()
+    };
+    let labelled: Vec<_> = built
+        .sample
+        .iter()
+        .map(labels)
+        .filter(|labels| labels.len() > 4)
+        .collect();
+    assert_eq!(labelled.len(), 1, "one sample has a cgroup: {labelled:?}");
+    assert_eq!(
+        labelled[0][4..],
+        [
+            ("cgroup".to_owned(), format!("/system.slice/docker-{id}.scope")),
+            ("unit".to_owned(), format!("docker-{id}.scope")),
+            ("container_id".to_owned(), id.to_owned()),
+            ("ns_pid".to_owned(), "1".to_owned()),
+        ]
+    );
+    // Samples without a cgroup have the four usual labels only.
+    assert!(
+        built
+            .sample
+            .iter()
+            .map(labels)
+            .all(|labels| labels.len() == 4 || labels.len() == 8)
+    );
 }

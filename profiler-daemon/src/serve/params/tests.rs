@@ -115,7 +115,7 @@ fn bad_comms_are_rejected() {
 fn unknown_parameters_are_rejected_on_pprof_and_ignored_by_go() {
     assert_eq!(
         message(pprof("pid=1&debug=1")),
-        "unknown parameter \"debug\"; accepted: pid, tid, comm, seconds"
+        "unknown parameter \"debug\"; accepted: pid, tid, comm, unit, cgroup, container, seconds"
     );
     assert_eq!(go("debug=1&gc=1").map(|p| p.seconds), Ok(30));
 }
@@ -198,13 +198,60 @@ fn endpoint_options_are_single_valued_and_listed_when_a_name_is_unknown() {
             .map(|_| ())
             .expect_err("unknown")
             .to_string(),
-        "unknown parameter \"icicle\"; accepted: pid, tid, comm, seconds, format, limit"
+        "unknown parameter \"icicle\"; accepted: pid, tid, comm, unit, cgroup, container, seconds, format, limit"
     );
     // Another endpoint's options are not /pprof's.
     assert_eq!(
         message(pprof("format=json")),
-        "unknown parameter \"format\"; accepted: pid, tid, comm, seconds"
+        "unknown parameter \"format\"; accepted: pid, tid, comm, unit, cgroup, container, seconds"
     );
     // The common parameters keep their own rules.
     assert!(with_options("seconds=0&format=json").is_err());
+}
+
+#[test]
+fn units_cgroups_and_containers() {
+    let params = pprof("unit=a.service,b.service&unit=a.service&unit=user%401000.service%2Fx.service&cgroup=system.slice%2F&cgroup=%2Fa%2Cb&container=4f1e,ab").expect("accepted");
+    assert_eq!(
+        params.filter.units,
+        ["a.service", "b.service", "user@1000.service/x.service"]
+    );
+    assert_eq!(params.filter.cgroups, ["/system.slice", "/a,b"]);
+    assert_eq!(params.filter.containers, ["4f1e", "ab"]);
+    assert!(params.filter.by_cgroup());
+    assert!(!pprof("pid=1").expect("accepted").filter.by_cgroup());
+    for (query, value) in [
+        ("unit=nginx", "\"nginx\""),
+        ("unit=", "\"\""),
+        ("unit=a.service,,b.service", "\"\""),
+        ("unit=a%20b.service", "\"a b.service\""),
+        ("unit=foo%2Fbar.service", "\"foo/bar.service\""),
+        (
+            "unit=user%401000.service%2Fapp.slice",
+            "\"user@1000.service/app.slice\"",
+        ),
+    ] {
+        assert!(
+            message(pprof(query)).starts_with(&format!(
+                "unit: {value} is not accepted; expected a systemd unit name"
+            )),
+            "{query}: {}",
+            message(pprof(query))
+        );
+    }
+    for query in ["cgroup=%2Fa%2F..%2Fb", "cgroup=a%0Ab"] {
+        assert!(message(pprof(query)).starts_with("cgroup: "), "{query}");
+    }
+    let long = format!("cgroup={}", "a".repeat(cgroup::MAX_PATH_BYTES + 1));
+    assert!(message(pprof(&long)).starts_with("cgroup: "));
+    for query in [
+        "container=",
+        "container=ABC",
+        "container=xyz",
+        &format!("container={}", "a".repeat(65)),
+    ] {
+        assert!(message(pprof(query)).starts_with("container: "), "{query}");
+    }
+    // Go's handler ignores unknown parameters but not bad filters.
+    assert!(message(go("unit=nginx")).starts_with("unit: "));
 }
