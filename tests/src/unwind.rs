@@ -36,13 +36,13 @@ impl Window {
     /// Samples `pids` for `seconds` with the daemon (and perf at [`PERF_HZ`]
     /// if `oracle`), then reads the daemon's /folded for the same window.
     pub fn observe(daemon: &Daemon, pids: &[u32], seconds: u64, oracle: bool) -> Self {
+        // perf's own `seconds` begin once it has set up, which a busy machine
+        // makes late: the CPU is measured over exactly the `seconds` the
+        // daemon's window (the last `seconds` when asked) holds, not over
+        // perf's start-up too.
+        let perf = oracle.then(|| PerfRecord::start(pids, PERF_HZ, seconds));
         let meters: Vec<(u32, CpuMeter)> = pids.iter().map(|&pid| (pid, CpuMeter::start(&[pid]))).collect();
-        let perf = if oracle {
-            Some(PerfRecord::start(pids, PERF_HZ, seconds).finish_recording())
-        } else {
-            std::thread::sleep(Duration::from_secs(seconds));
-            None
-        };
+        std::thread::sleep(Duration::from_secs(seconds));
         let cpu = meters
             .into_iter()
             .map(|(pid, meter)| (pid, meter.stop()))
@@ -55,7 +55,7 @@ impl Window {
             seconds,
             cpu,
             daemon: daemon_stacks,
-            perf: perf.map(|recorded| recorded.script()),
+            perf: perf.map(|perf| perf.finish_recording().script()),
         }
     }
 
