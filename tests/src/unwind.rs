@@ -12,10 +12,19 @@ use crate::{
     stacks::{Stack, Stacks},
 };
 
-/// How long a workload runs before its window opens: its start-up (the
-/// dynamic loader, which never reaches main) and the daemon's first look at
-/// its mappings are over.
+/// How much CPU time a workload runs before its window opens: its start-up
+/// (the dynamic loader, which never reaches main) and the daemon's first look
+/// at its mappings (tables compiled and loaded) are over.
 pub const WARM_UP: Duration = Duration::from_secs(2);
+
+/// Lets `pids` run [`WARM_UP`] of CPU time each. In CPU time, not wall time:
+/// on a busy machine the daemon, which loads their unwind tables meanwhile,
+/// is as slowed as they are, and gets the longer wall time this takes.
+pub fn warm_up(pids: &[u32]) {
+    for &pid in pids {
+        crate::cpu::run_for(pid, WARM_UP);
+    }
+}
 
 /// perf's frequency: prime, so it does not beat with the SIGALRM
 /// workload's 1 kHz timer, and ~3,000 samples for the oracle in 6 s.
