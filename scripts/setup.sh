@@ -45,6 +45,11 @@ install_rust_toolchains() {
         log "installing Rust $BPF_TOOLCHAIN with rust-src (BPF target)"
         rustup toolchain install "$BPF_TOOLCHAIN" --profile minimal --component rust-src
     fi
+    # scripts/test.sh lints the BPF crate with the nightly that builds it.
+    if ! rustup component list --toolchain "$BPF_TOOLCHAIN" --installed | grep -q '^clippy'; then
+        log "installing clippy for $BPF_TOOLCHAIN (lints the BPF crate)"
+        rustup component add --toolchain "$BPF_TOOLCHAIN" clippy
+    fi
 }
 
 # bpf-linker links against a libLLVM whose major version must match its llvm-sys

@@ -19,12 +19,18 @@ fn go_tool_pprof_reads_what_the_daemon_serves() {
     let daemon = Daemon::start(&[]);
     // Outlives the test however slow the machine; killed on drop.
     let split = Workload::spawn(env!("WORKLOAD_SPLIT"), &["300"]);
-    std::thread::sleep(Duration::from_secs(3));
+    let born = std::time::Instant::now();
+    // 3 s of its CPU time, however long a busy machine takes to give it.
+    split.run_for(Duration::from_secs(3));
     // Stopped, its CPU time is all it ever ran, and the window holds all of it.
     split.pause();
     let cpu = split.cpu_time();
+    let seconds = (born.elapsed().as_secs() + 2).min(300);
     let file = profile_path("split.pb.gz");
-    daemon.fetch_pprof(&format!("/pprof?pid={}&seconds=60", split.pid()), file.as_ref());
+    daemon.fetch_pprof(
+        &format!("/pprof?pid={}&seconds={seconds}", split.pid()),
+        file.as_ref(),
+    );
     // Go's client below profiles it running.
     split.resume();
 
@@ -40,7 +46,7 @@ fn go_tool_pprof_reads_what_the_daemon_serves() {
         .filter(|s| s.functions.iter().any(|f| f == "hot_a"))
         .map(|s| s.values[0])
         .sum();
-    // ~300 on an idle machine; 0.67 as the 200 of ~300 asked before.
+    // ~300 (3 s of CPU at 99 Hz); 0.67 as the 200 of ~300 asked before.
     Expected::new(cpu, 99).check("split in /pprof", total as u64, 0.67, 100);
     let share = hot_a as f64 * 100.0 / total as f64;
     assert!(
@@ -74,11 +80,14 @@ fn go_tool_pprof_reads_what_the_daemon_serves() {
 fn pid_filters_isolate_processes() {
     let _serial = serial();
     let daemon = Daemon::start(&[]);
-    let a = Workload::spawn(env!("WORKLOAD_SPLIT"), &["20"]);
-    let b = Workload::spawn(env!("WORKLOAD_ZERO_READER"), &["20"]);
-    std::thread::sleep(Duration::from_secs(3));
+    // Outlive the test however slow the machine; killed on drop.
+    let a = Workload::spawn(env!("WORKLOAD_SPLIT"), &["300"]);
+    let b = Workload::spawn(env!("WORKLOAD_ZERO_READER"), &["300"]);
+    // Each has run a while, however long a busy machine takes to let it.
+    a.run_for(Duration::from_secs(1));
+    b.run_for(Duration::from_secs(1));
     let only_a = profile_path("only_a.pb.gz");
-    daemon.fetch_pprof(&format!("/pprof?pid={}&seconds=2", a.pid()), only_a.as_ref());
+    daemon.fetch_pprof(&format!("/pprof?pid={}&seconds=60", a.pid()), only_a.as_ref());
     let raw = parse_raw(&go_pprof(&["-raw", &only_a]));
     assert!(!raw.is_empty(), "pid {} has samples", a.pid());
     let pids: HashSet<&str> = raw.iter().map(|s| s.label("pid")).collect();
@@ -94,7 +103,7 @@ fn pid_filters_isolate_processes() {
 
     let both = profile_path("a_and_b.pb.gz");
     daemon.fetch_pprof(
-        &format!("/pprof?pid={},{}&seconds=2", a.pid(), b.pid()),
+        &format!("/pprof?pid={},{}&seconds=60", a.pid(), b.pid()),
         both.as_ref(),
     );
     let raw = parse_raw(&go_pprof(&["-raw", &both]));
@@ -106,7 +115,7 @@ fn pid_filters_isolate_processes() {
     );
     let repeated = profile_path("a_and_b_repeated.pb.gz");
     daemon.fetch_pprof(
-        &format!("/pprof?pid={}&pid={}&seconds=2", a.pid(), b.pid()),
+        &format!("/pprof?pid={}&pid={}&seconds=60", a.pid(), b.pid()),
         repeated.as_ref(),
     );
     let pids: HashSet<String> = parse_raw(&go_pprof(&["-raw", &repeated]))
@@ -240,7 +249,7 @@ fn concurrent_scrapes_all_succeed_and_lose_no_sample() {
         "20 concurrent /pprof?seconds=60 answered in {:?}",
         started.elapsed()
     );
-    std::thread::sleep(Duration::from_secs(3));
+    split.run_for(Duration::from_secs(3));
     // Stopped, its CPU time is all it ever ran: the window holds its whole
     // life, the scrapes included (the retention, 300 s, bounds it).
     split.pause();

@@ -12,7 +12,7 @@ use profilerd_tests::{
     hostile::metric_sum,
     serial,
     stacks::{Stack, Stacks, disagreements, side_by_side},
-    unwind::{Bar, WARM_UP, Window, assert_frame_pointers, daemon_stacks},
+    unwind::{Bar, Window, assert_frame_pointers, daemon_stacks, warm_up},
 };
 
 /// The daemon's default frequency.
@@ -32,7 +32,7 @@ fn check_workload(binary: &str, name: &str, bar: &Bar) {
     let _serial = serial();
     let daemon = Daemon::start(&[]);
     let workload = Workload::spawn(binary, &[FOREVER]);
-    std::thread::sleep(WARM_UP);
+    warm_up(&[workload.pid()]);
     let window = Window::observe(&daemon, &[workload.pid()], WINDOW, true);
     let perf = window.perf_of(workload.pid(), name);
     bar.check_oracle(&perf);
@@ -134,7 +134,7 @@ fn top_functions_agree_with_perf_dwarf_unwinding() {
     let daemon = Daemon::start(&["--frequency", "999"]);
     let cxx = Workload::spawn(env!("WORKLOAD_CXX_SORT"), &[FOREVER]);
     let rust = Workload::spawn(env!("WORKLOAD_RUST_NOFP"), &[FOREVER]);
-    std::thread::sleep(WARM_UP);
+    warm_up(&[cxx.pid(), rust.pid()]);
     let window = Window::observe(&daemon, &[cxx.pid(), rust.pid()], 10, true);
     let mut failures = String::new();
     for (workload, name) in [(&cxx, "cxx_sort"), (&rust, "rust_nofp")] {
@@ -163,7 +163,7 @@ fn frame_pointer_workload_reaches_main_always(args: &[&str]) {
     let _serial = serial();
     let daemon = Daemon::start(args);
     let split = Workload::spawn(env!("WORKLOAD_SPLIT"), &[FOREVER]);
-    std::thread::sleep(WARM_UP);
+    warm_up(&[split.pid()]);
     let window = Window::observe(&daemon, &[split.pid()], WINDOW, false);
     let stacks: &Stacks = window.daemon_of(split.pid(), "split", DAEMON_HZ);
     Bar {
@@ -192,8 +192,10 @@ fn frame_pointers_mode_does_not_unwind_code_without_frame_pointers() {
     let _serial = serial();
     let daemon = Daemon::start(&["--unwind", "frame-pointers"]);
     let cxx = Workload::spawn(env!("WORKLOAD_CXX_SORT"), &[FOREVER]);
-    std::thread::sleep(WARM_UP + Duration::from_secs(WINDOW));
-    let stacks = daemon_stacks(&daemon, cxx.pid(), WINDOW);
+    warm_up(&[cxx.pid()]);
+    // A window that holds enough of its CPU time however busy the machine.
+    let window = Window::observe(&daemon, &[cxx.pid()], WINDOW, false);
+    let stacks = &window.daemon[&cxx.pid()];
     let whole = stacks.share(|stack| stack.has_chain(&["main", "level_one", "level_two", "level_three"]));
     assert!(
         stacks.total() >= 100 && whole < 50.0,
@@ -209,7 +211,7 @@ fn a_stack_deeper_than_the_limit_is_kept_with_the_frames_found() {
     let _serial = serial();
     let daemon = Daemon::start(&[]);
     let workload = Workload::spawn(env!("WORKLOAD_DEEP_RECURSION"), &[FOREVER]);
-    std::thread::sleep(WARM_UP);
+    warm_up(&[workload.pid()]);
     let before = daemon.get("/metrics").text();
     std::thread::sleep(Duration::from_secs(WINDOW));
     let after = daemon.get("/metrics").text();

@@ -18,7 +18,7 @@ use profilerd_tests::{
     hostile::metric_sum,
     parse_folded, serial,
     stacks::{Stacks, percent},
-    unwind::{Bar, WARM_UP, daemon_stacks},
+    unwind::{Bar, daemon_stacks, warm_up},
 };
 
 /// Rows of the page: ~5 s of rendering on this VM.
@@ -225,7 +225,7 @@ fn chromium_over_a_small_limit_evicts_and_other_stacks_stay_whole() {
     let limit = SMALL_LIMIT_MB.to_string();
     let daemon = Daemon::start(&["--unwind-table-memory-mb", &limit]);
     let cxx = Workload::spawn(env!("WORKLOAD_CXX_SORT"), &["600"]);
-    std::thread::sleep(WARM_UP);
+    warm_up(&[cxx.pid()]);
     let before = daemon.get("/metrics").text();
     let started = Instant::now();
     let meter = CpuMeter::start(&[cxx.pid()]);

@@ -69,9 +69,10 @@ fn screenshot(url: &str, name: &str) {
 fn chromium_shows_the_index_and_the_flame_graph() {
     let _serial = serial();
     let daemon = Daemon::start(&[]);
-    let split = Workload::spawn(env!("WORKLOAD_SPLIT"), &["30"]);
+    // Outlives the test however slow the machine (chromium included); killed on drop.
+    let split = Workload::spawn(env!("WORKLOAD_SPLIT"), &["300"]);
     let pid = split.pid();
-    std::thread::sleep(Duration::from_secs(3));
+    split.run_for(Duration::from_secs(3));
 
     let index = daemon.url("/?seconds=5");
     let dom = chromium(&index, None);
@@ -185,14 +186,16 @@ fn without_kernel_marks(counts: &Counts) -> Counts {
 fn top_folded_and_pprof_agree_exactly() {
     let _serial = serial();
     let daemon = Daemon::start(&[]);
-    let split = Workload::spawn(env!("WORKLOAD_SPLIT"), &["3"]);
+    let split = Workload::spawn(env!("WORKLOAD_SPLIT"), &["300"]);
+    let born = std::time::Instant::now();
     let pid = split.pid();
-    // Its whole life is sampled (the daemon was attached before it started).
-    let cpu = split.wait_cpu();
+    // Its whole life is sampled (the daemon was attached before it started):
+    // 3 s of CPU time, however long a busy machine takes to give it.
+    let cpu = split.run_to_end(Duration::from_secs(3));
     // Gone: later drains add nothing for it, so every view sees the same samples.
     std::thread::sleep(Duration::from_secs(2));
     // A window that holds its whole life, however long the machine took.
-    let query = format!("pid={pid}&seconds=60");
+    let query = format!("pid={pid}&seconds={}", (born.elapsed().as_secs() + 2).min(300));
 
     let (top_self, top_total) = top_counts(&daemon, &query);
 
@@ -209,7 +212,7 @@ fn top_folded_and_pprof_agree_exactly() {
 
     let folded_total: u64 = lines.iter().map(|line| line.count).sum();
     let pprof_total: u64 = raw.iter().map(|sample| sample.values[0] as u64).sum();
-    // ~300 on an idle machine; 0.8: all of them.
+    // ~300 (3 s of CPU at 99 Hz); 0.8: all of them.
     Expected::new(cpu, 99).check("the workload in /folded", folded_total, 0.8, 100);
     assert_eq!(
         folded_total, pprof_total,
@@ -315,9 +318,14 @@ fn the_views_have_the_pprof_errors_and_their_own_content_types() {
 #[test]
 fn record_writes_a_flame_graph() {
     let _serial = serial();
-    let split = Workload::spawn(env!("WORKLOAD_SPLIT"), &["30"]);
+    // Outlives the recording however slow the machine; killed on drop.
+    let split = Workload::spawn(env!("WORKLOAD_SPLIT"), &["300"]);
     let pid = split.pid().to_string();
-    let recording = record_while(&["--pid", &pid, "--seconds", "2", "--format", "svg"], |_| {});
+    // Ended after 2 s of the workload's CPU time; 120 s only bounds it.
+    let recording = record_while(&["--pid", &pid, "--seconds", "120", "--format", "svg"], |run| {
+        split.run_for(Duration::from_secs(2));
+        run.interrupt();
+    });
     let svg = recording.output;
     assert!(svg.starts_with("<?xml"), "an SVG: {}", &svg[..svg.len().min(200)]);
     assert!(svg.contains("<title>hot_a ("), "with hot_a");

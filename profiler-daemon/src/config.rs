@@ -49,7 +49,7 @@ pub struct Config {
 /// editors and `journalctl` readers land on it.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("reading {path}: {source}")]
+    #[error("reading {path}")]
     Read {
         path: String,
         #[source]

@@ -8,6 +8,7 @@ use std::{
 
 use tokio::sync::watch;
 
+use crate::error::Chain;
 use crate::{
     cli::DaemonArgs,
     pipeline::{Pipeline, PipelineError},
@@ -87,7 +88,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         Ok(pipeline) => Arc::new(pipeline),
         Err(err @ PipelineError::Collect(_)) => {
             let errno = os_error(&err).unwrap_or(libc::EPERM as u32);
-            supervise::notify_failure(&format!("cannot load the BPF programs: {err}"), errno);
+            supervise::notify_failure(&format!("cannot load the BPF programs: {}", Chain(&err)), errno);
             return Err(DaemonError::Load(err));
         }
         Err(err) => return Err(err.into()),
@@ -121,7 +122,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
                 stage: "http",
                 reason: match served {
                     Ok(()) => EndReason::Returned,
-                    Err(err) => EndReason::Failed(err.to_string()),
+                    Err(err) => EndReason::Failed(Chain(&err).to_string()),
                 },
             })),
             Err(err) => Err(stage_failed(StageEnd {

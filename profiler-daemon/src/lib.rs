@@ -19,6 +19,7 @@ pub mod cli;
 pub mod collect;
 pub mod config;
 pub mod daemon;
+pub mod error;
 pub mod pipeline;
 pub mod profile;
 pub mod record;

@@ -4,6 +4,7 @@ use clap::{CommandFactory, FromArgMatches};
 use profilerd::{
     cli::{Cli, Command},
     config::{self, Config},
+    error::Chain,
 };
 use tracing_subscriber::EnvFilter;
 
@@ -36,7 +37,7 @@ fn main() -> ExitCode {
                 ExitCode::SUCCESS
             }
             Err(err) => {
-                eprintln!("profilerd: {err}");
+                eprintln!("profilerd: {}", Chain(&err));
                 ExitCode::from(config::EXIT_CONFIG)
             }
         };
@@ -46,7 +47,7 @@ fn main() -> ExitCode {
             Ok(Some(path)) => tracing::info!(path = %path.display(), "configuration loaded"),
             Ok(None) => {}
             Err(err) => {
-                eprintln!("profilerd: {err}");
+                eprintln!("profilerd: {}", Chain(&err));
                 return ExitCode::from(config::EXIT_CONFIG);
             }
         }
@@ -75,7 +76,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("profilerd: {err:#}");
+            eprintln!("profilerd: {}", Chain(err.as_ref()));
             err.downcast_ref::<profilerd::daemon::DaemonError>()
                 .map_or(ExitCode::FAILURE, |err| ExitCode::from(err.exit_status()))
         }

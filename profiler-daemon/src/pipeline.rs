@@ -15,6 +15,7 @@ use std::{
 
 use tokio::sync::{oneshot, watch};
 
+use crate::error::Chain;
 use crate::{
     collect::{
         BpfCounters, CollectError, Drainer, MapSizes, OpenFileStats, OpenFiles, ProcessNotice,
@@ -88,7 +89,7 @@ pub struct MapEntries {
 pub enum PipelineError {
     #[error(transparent)]
     Collect(#[from] CollectError),
-    #[error("starting a pipeline thread: {0}")]
+    #[error("starting a pipeline thread")]
     Thread(#[source] std::io::Error),
     #[error("the pipeline has stopped")]
     Stopped,
@@ -356,7 +357,7 @@ fn drain_loop(
                     return;
                 }
             }
-            Err(err) => tracing::error!("drain failed: {err}"),
+            Err(err) => tracing::error!("drain failed: {}", Chain(&err)),
         }
         sampler.flush_logs();
         if stop {

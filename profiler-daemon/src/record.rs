@@ -20,7 +20,7 @@ pub enum RecordError {
     Pipeline(#[from] PipelineError),
     #[error("the sample store stopped unexpectedly")]
     Store(#[from] crate::store::StoreClosed),
-    #[error("writing {path}: {source}")]
+    #[error("writing {path}")]
     Write {
         path: String,
         #[source]

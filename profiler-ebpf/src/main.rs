@@ -7,6 +7,9 @@
 //! lands in a map while it is being read and cleared.
 #![no_std]
 #![no_main]
+// Every unsafe block here talks to the kernel or dereferences a map pointer:
+// each must say why it is sound (scripts/test.sh lints with -D warnings).
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 mod unwind;
 

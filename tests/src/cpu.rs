@@ -44,9 +44,37 @@ impl CpuMeter {
         }
     }
 
+    /// The CPU time run since [`CpuMeter::start`], still measuring.
+    pub fn so_far(&self) -> Duration {
+        let now: Duration = self.pids.iter().map(|&pid| cpu_time(pid)).sum();
+        now.saturating_sub(self.start)
+    }
+
     pub fn stop(self) -> Duration {
         let end: Duration = self.pids.iter().map(|&pid| cpu_time(pid)).sum();
         end.saturating_sub(self.start)
+    }
+}
+
+/// How long a test lets a workload take to get the CPU time it asked for:
+/// on a loaded machine that is longer than the CPU time, and bounded.
+pub const RUN_LIMIT: Duration = Duration::from_secs(60);
+
+/// Lets `pid` run until it has used `cpu` more CPU time than at the call, or
+/// [`RUN_LIMIT`] of wall time has passed; returns the CPU time it used. A
+/// test waits for what the workload ran, not for a wall time that only
+/// promises it: on a busy machine the same answer then holds.
+pub fn run_for(pid: u32, cpu: Duration) -> Duration {
+    let start = cpu_time(pid);
+    let deadline = Instant::now() + RUN_LIMIT;
+    loop {
+        let ran = cpu_time(pid).saturating_sub(start);
+        let now = Instant::now();
+        if ran >= cpu || now >= deadline {
+            return ran;
+        }
+        // Never more than what is left to run: it cannot finish sooner.
+        std::thread::sleep((cpu - ran).min(deadline - now).max(Duration::from_millis(10)));
     }
 }
 

@@ -105,6 +105,23 @@ impl Workload {
         cpu::cpu_time(self.pid())
     }
 
+    /// Lets it run until it has used `cpu` more CPU time (see [`cpu::run_for`]).
+    pub fn run_for(&self, cpu: Duration) -> Duration {
+        cpu::run_for(self.pid(), cpu)
+    }
+
+    /// Runs it for `cpu` of CPU time, stops it and kills it: its whole life
+    /// took `cpu` (a little more), however busy the machine. Returns the CPU
+    /// time it ran, which is all it will ever run.
+    pub fn run_to_end(mut self, cpu: Duration) -> Duration {
+        self.run_for(cpu);
+        self.pause();
+        let ran = self.cpu_time();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        ran
+    }
+
     /// SIGSTOP, returning once it is stopped: its CPU time stands still.
     pub fn pause(&self) {
         cpu::pause(self.pid());

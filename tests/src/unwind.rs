@@ -12,20 +12,41 @@ use crate::{
     stacks::{Stack, Stacks},
 };
 
-/// How long a workload runs before its window opens: its start-up (the
-/// dynamic loader, which never reaches main) and the daemon's first look at
-/// its mappings are over.
+/// How much CPU time a workload runs before its window opens: its start-up
+/// (the dynamic loader, which never reaches main) and the daemon's first look
+/// at its mappings (tables compiled and loaded) are over.
 pub const WARM_UP: Duration = Duration::from_secs(2);
+
+/// Lets `pids` run [`WARM_UP`] of CPU time each. In CPU time, not wall time:
+/// on a busy machine the daemon, which loads their unwind tables meanwhile,
+/// is as slowed as they are, and gets the longer wall time this takes.
+pub fn warm_up(pids: &[u32]) {
+    for &pid in pids {
+        crate::cpu::run_for(pid, WARM_UP);
+    }
+}
 
 /// perf's frequency: prime, so it does not beat with the SIGALRM
 /// workload's 1 kHz timer, and ~3,000 samples for the oracle in 6 s.
 pub const PERF_HZ: u32 = 499;
 
+/// The CPU time each workload must run in the daemon's window: the floor
+/// [`Window::daemon_of`] asks at 99 Hz (100 samples' worth) and a margin.
+pub const MIN_CPU: Duration = Duration::from_millis(1200);
+
+/// The longest a window grows to on a busy machine.
+pub const MAX_SECONDS: u64 = 60;
+
 /// What the daemon and perf saw of some processes over one window.
 pub struct Window {
+    /// The daemon's window: the seconds asked, or more on a busy machine.
     pub seconds: u64,
-    /// CPU each process ran in the window.
+    /// CPU each process ran in the daemon's window.
     pub cpu: HashMap<u32, Duration>,
+    /// The seconds perf recorded (those asked), and the CPU each process
+    /// ran in them.
+    pub perf_seconds: u64,
+    pub perf_cpu: HashMap<u32, Duration>,
     /// The daemon's stacks of each process.
     pub daemon: HashMap<u32, Stacks>,
     /// perf's, if it ran.
@@ -36,26 +57,38 @@ impl Window {
     /// Samples `pids` for `seconds` with the daemon (and perf at [`PERF_HZ`]
     /// if `oracle`), then reads the daemon's /folded for the same window.
     pub fn observe(daemon: &Daemon, pids: &[u32], seconds: u64, oracle: bool) -> Self {
+        // perf's own `seconds` begin once it has set up, which a busy machine
+        // makes late: the CPU is measured over exactly the `seconds` the
+        // daemon's window (the last `seconds` when asked) holds, not over
+        // perf's start-up too.
+        let perf = oracle.then(|| PerfRecord::start(pids, PERF_HZ, seconds));
         let meters: Vec<(u32, CpuMeter)> = pids.iter().map(|&pid| (pid, CpuMeter::start(&[pid]))).collect();
-        let perf = if oracle {
-            Some(PerfRecord::start(pids, PERF_HZ, seconds).finish_recording())
-        } else {
-            std::thread::sleep(Duration::from_secs(seconds));
-            None
-        };
+        std::thread::sleep(Duration::from_secs(seconds));
+        let perf_cpu = meters.iter().map(|(pid, meter)| (*pid, meter.so_far())).collect();
+        // A busy machine gives the workloads less CPU in those seconds than
+        // the check needs to mean anything: the daemon's window grows, a whole
+        // second at a time (it is asked for the last N seconds), until each
+        // has run MIN_CPU.
+        let mut window = seconds;
+        while window < MAX_SECONDS && meters.iter().any(|(_, meter)| meter.so_far() < MIN_CPU) {
+            std::thread::sleep(Duration::from_secs(1));
+            window += 1;
+        }
         let cpu = meters
             .into_iter()
             .map(|(pid, meter)| (pid, meter.stop()))
             .collect();
         let daemon_stacks = pids
             .iter()
-            .map(|&pid| (pid, daemon_stacks(daemon, pid, seconds)))
+            .map(|&pid| (pid, daemon_stacks(daemon, pid, window)))
             .collect();
         Self {
-            seconds,
+            seconds: window,
             cpu,
+            perf_seconds: seconds,
+            perf_cpu,
             daemon: daemon_stacks,
-            perf: perf.map(|recorded| recorded.script()),
+            perf: perf.map(|perf| perf.finish_recording().script()),
         }
     }
 
@@ -77,8 +110,8 @@ impl Window {
     pub fn perf_of(&self, pid: u32, what: &str) -> Stacks {
         let perf = self.perf.as_ref().expect("this window ran perf");
         let stacks = perf.of(pid);
-        Expected::new(self.cpu[&pid], u64::from(PERF_HZ)).check(
-            &format!("{what} (pid {pid}) in perf's {} s", self.seconds),
+        Expected::new(self.perf_cpu[&pid], u64::from(PERF_HZ)).check(
+            &format!("{what} (pid {pid}) in perf's {} s", self.perf_seconds),
             stacks.total(),
             0.7,
             300,

@@ -15,6 +15,7 @@ use profiler_common::{
 };
 
 use super::CollectError;
+use crate::error::Chain;
 
 /// A perf_event program runs to completion in interrupt context in
 /// microseconds; this grace period also covers a vCPU being descheduled by
@@ -130,14 +131,14 @@ impl Drainer {
                 }),
                 Err(err) => {
                     batch.read_errors += 1;
-                    tracing::debug!("reading {}: {err}", maps::COUNTS[old]);
+                    tracing::debug!("reading {}: {}", maps::COUNTS[old], Chain(&err));
                 }
             }
         }
         for sample in &batch.samples {
             if let Err(err) = counts.remove(&sample.key) {
                 batch.read_errors += 1;
-                tracing::debug!("deleting from {}: {err}", maps::COUNTS[old]);
+                tracing::debug!("deleting from {}: {}", maps::COUNTS[old], Chain(&err));
             }
         }
         batch.read_errors += match &mut self.user_stacks {

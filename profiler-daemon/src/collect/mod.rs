@@ -29,30 +29,30 @@ pub use watcher::{ProcessNotice, ProcessWatcher, WatcherStats};
 /// Errors from loading, attaching or reading the BPF side.
 #[derive(Debug, thiserror::Error)]
 pub enum CollectError {
-    #[error("loading the BPF program failed (profilerd needs root, or CAP_BPF + CAP_PERFMON): {0}")]
+    #[error("loading the BPF program failed (profilerd needs root, or CAP_BPF + CAP_PERFMON)")]
     Load(#[source] aya::EbpfError),
-    #[error("BPF program {name}: {source}")]
+    #[error("BPF program {name}")]
     Program {
         name: &'static str,
         #[source]
         source: aya::programs::ProgramError,
     },
-    #[error("attaching the sampler to CPU {cpu} failed: {source}")]
+    #[error("attaching the sampler to CPU {cpu} failed")]
     AttachCpu {
         cpu: u32,
         #[source]
         source: aya::programs::ProgramError,
     },
-    #[error("listing online CPUs ({0}): {1}")]
+    #[error("listing online CPUs ({0})")]
     OnlineCpus(&'static str, #[source] std::io::Error),
     #[error("BPF map {name} is missing from the object")]
     MissingMap { name: &'static str },
-    #[error("BPF map {name}: {source}")]
+    #[error("BPF map {name}")]
     Map {
         name: &'static str,
         #[source]
         source: aya::maps::MapError,
     },
-    #[error("BPF logger: {0}")]
+    #[error("BPF logger")]
     Logger(#[source] aya_log::Error),
 }

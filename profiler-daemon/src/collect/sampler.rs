@@ -14,6 +14,7 @@ use profiler_common::{
 };
 
 use super::{CollectError, Drainer, btf, drain::UserStackMaps};
+use crate::error::Chain;
 
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler-ebpf"));
 
@@ -157,7 +158,7 @@ impl Sampler {
         let logger = match aya_log::EbpfLogger::init(&mut ebpf) {
             Ok(logger) => Some(logger),
             Err(err) => {
-                tracing::warn!("BPF-side logging unavailable: {err}");
+                tracing::warn!("BPF-side logging unavailable: {}", Chain(&err));
                 None
             }
         };

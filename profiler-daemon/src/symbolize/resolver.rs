@@ -11,6 +11,7 @@ use std::{
 };
 
 use crate::collect::{FileKey, FileVersion, MappedFile};
+use crate::error::Chain;
 
 use blazesym::symbolize::{
     Input, Symbolized, Symbolizer as Blaze,
@@ -323,7 +324,7 @@ impl Resolver {
             Ok(results) => results,
             Err(err) => {
                 self.stats.source_errors += 1;
-                tracing::debug!("kernel symbolization failed: {err}");
+                tracing::debug!("kernel symbolization failed: {}", Chain(&err));
                 return None;
             }
         };

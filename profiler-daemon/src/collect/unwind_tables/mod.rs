@@ -25,6 +25,7 @@ use std::{
 use profiler_common::{UNWIND_ROWS_PER_CHUNK, UnwindRow, UnwindTableRange, maps};
 
 use super::{FileKey, FileVersion, MappedFile, ProcessSnapshot, UnwindMaps};
+use crate::error::Chain;
 pub use process_entry::{LoadSegment, load_bias};
 use space::RowSpace;
 pub use stats::UnwindStats;
@@ -328,7 +329,7 @@ impl<C: TableCompiler> TableManager<C> {
             });
             if let Err(err) = self.maps.processes.insert(&pid, &*entry, 0) {
                 self.stats.map_errors.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(pid, "writing {}: {err}", maps::UNWIND_PROCESSES);
+                tracing::debug!(pid, "writing {}: {}", maps::UNWIND_PROCESSES, Chain(&err));
             }
         }
     }
@@ -393,7 +394,7 @@ impl<C: TableCompiler> TableManager<C> {
             };
             if let Err(err) = self.maps.tables.set(table_id, &range, 0) {
                 self.stats.map_errors.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!("writing {}: {err}", maps::UNWIND_TABLES);
+                tracing::warn!("writing {}: {}", maps::UNWIND_TABLES, Chain(&err));
             }
             self.stats.tables_loaded.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(path = %path, rows, compile = ?compiled.compile_time, "unwind table loaded");

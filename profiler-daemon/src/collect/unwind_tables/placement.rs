@@ -6,6 +6,7 @@ use std::{collections::HashSet, sync::atomic::Ordering, time::Instant};
 use profiler_common::{UNWIND_ROWS_PER_CHUNK, UnwindRow, UnwindRowChunk, UnwindTableRange, maps};
 
 use super::{FileId, TableCompiler, TableManager, TableState};
+use crate::error::Chain;
 
 impl<C: TableCompiler> TableManager<C> {
     pub(super) fn allocate_id(&mut self) -> Option<u32> {
@@ -71,7 +72,7 @@ impl<C: TableCompiler> TableManager<C> {
                 .and_then(|()| self.maps.chunk_pcs.set(at, &part[0].pc, 0));
             if let Err(err) = written {
                 self.stats.map_errors.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!("writing {}: {err}", maps::UNWIND_ROWS);
+                tracing::warn!("writing {}: {}", maps::UNWIND_ROWS, Chain(&err));
                 self.space.release(first_chunk, chunks);
                 return TableState::Unavailable;
             }
@@ -112,7 +113,7 @@ impl<C: TableCompiler> TableManager<C> {
         // The sampler stops using the rows before they are reused.
         if let Err(err) = self.maps.tables.set(table.id, &UnwindTableRange::default(), 0) {
             self.stats.map_errors.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!("clearing {}: {err}", maps::UNWIND_TABLES);
+            tracing::warn!("clearing {}: {}", maps::UNWIND_TABLES, Chain(&err));
         }
         let state = std::mem::replace(&mut table.state, TableState::Evicted { at: Instant::now() });
         tracing::debug!(path = %table.path, "unwind table evicted");

@@ -17,6 +17,7 @@ use axum::{
 };
 
 use super::HttpError;
+use crate::error::Chain;
 use crate::store::Visible;
 
 pub use sock_diag::{PeerError, peer_uid};
@@ -95,7 +96,7 @@ impl AccessPolicy {
     /// Blocking: asks the kernel and the user database (which may be remote).
     pub fn identify(&self, peer: Peer) -> Caller {
         let uid = match peer {
-            Peer::Tcp { client, server } => peer_uid(client, server).map_err(|err| err.to_string()),
+            Peer::Tcp { client, server } => peer_uid(client, server).map_err(|err| Chain(&err).to_string()),
             Peer::Unix { uid } => uid.ok_or_else(|| "SO_PEERCRED gave no credentials".to_owned()),
         };
         match uid {

@@ -17,7 +17,7 @@ const RECEIVE_BYTES: usize = 8192;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PeerError {
-    #[error("socket diagnostics: {0}")]
+    #[error("socket diagnostics")]
     Netlink(#[from] std::io::Error),
     #[error("socket diagnostics: undecodable answer: {0}")]
     Decode(String),

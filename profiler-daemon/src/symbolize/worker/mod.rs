@@ -32,6 +32,7 @@ use std::{
 
 use prost::Message as _;
 
+use crate::error::Chain;
 pub use protocol::{FileIdentity, LoadSegment, MAX_TABLE_ROWS, Response, SymbolLine, Symbols};
 use protocol::{MAX_RESPONSE_BYTES, ProtocolError, Request};
 pub use unwind_client::{FileUnwindTable, UnwindTableError};
@@ -245,7 +246,7 @@ impl WorkerClient {
                 WorkerError::Crashed
             }
             ProtocolError::TimedOut => WorkerError::Deadline(timeout),
-            other => WorkerError::Protocol(other.to_string()),
+            other => WorkerError::Protocol(Chain(&other).to_string()),
         }
     }
 
@@ -355,7 +356,7 @@ pub fn run_worker() -> std::process::ExitCode {
     match server::serve(socket) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("profilerd symbolize-worker: {err}");
+            eprintln!("profilerd symbolize-worker: {}", Chain(&err));
             std::process::ExitCode::FAILURE
         }
     }

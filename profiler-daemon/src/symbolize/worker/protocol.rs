@@ -97,11 +97,11 @@ pub struct SymbolLine {
 pub enum ProtocolError {
     #[error("the other end closed the connection")]
     Closed,
-    #[error("socket: {0}")]
+    #[error("socket")]
     Io(#[from] io::Error),
     #[error("frame of {0} bytes is over the bound")]
     TooLarge(usize),
-    #[error("malformed message: {0}")]
+    #[error("malformed message")]
     Decode(#[from] prost::DecodeError),
     #[error("the request carried no file descriptor")]
     NoDescriptor,
@@ -341,5 +341,13 @@ mod tests {
     fn bounded_cuts_on_a_character_boundary() {
         assert_eq!(bounded("héllo".into(), 2), "h");
         assert_eq!(bounded("abc".into(), 10), "abc");
+    }
+
+    #[test]
+    fn causes_are_printed_once() {
+        let decode = Response::decode(&[0xff_u8][..]).expect_err("one 0xff byte is not a message");
+        crate::error::assert_each_cause_once(&ProtocolError::Decode(decode));
+        let io = io::Error::from(io::ErrorKind::BrokenPipe);
+        crate::error::assert_each_cause_once(&ProtocolError::Io(io));
     }
 }

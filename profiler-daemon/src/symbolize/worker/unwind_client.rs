@@ -10,6 +10,7 @@ use crate::collect::{
     MappedFile,
     unwind_tables::{self, CompiledTable, TableCompiler},
 };
+use crate::error::Chain;
 
 use super::{
     FileIdentity, LoadSegment, WorkerClient, WorkerError,
@@ -109,7 +110,9 @@ impl TableCompiler for WorkerClient {
             size: file.version.size,
             mtime_ns: file.version.mtime_ns,
         };
-        let table = self.unwind_table(&fd, identity).map_err(|err| err.to_string())?;
+        let table = self
+            .unwind_table(&fd, identity)
+            .map_err(|err| Chain(&err).to_string())?;
         Ok(CompiledTable {
             rows: table.rows,
             segments: table
