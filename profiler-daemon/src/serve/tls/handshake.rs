@@ -10,7 +10,8 @@ use std::{net::SocketAddr, pin::pin, time::Instant};
 use tokio::{net::TcpStream, sync::watch};
 use tokio_rustls::{rustls, server::TlsStream};
 
-use super::{Handshake, Tls, fingerprint, with_causes};
+use super::{Handshake, Tls, fingerprint};
+use crate::error::Chain;
 use crate::serve::connections::{CloseReason, ConnectionLimits, Slot};
 
 /// A TLS record of type handshake: how every ClientHello begins.
@@ -77,7 +78,7 @@ pub async fn handshake(
             return Err(None);
         }
         Err(Failure::Io(err)) => {
-            tracing::debug!(%client, "TLS handshake failed: {}", with_causes(&err));
+            tracing::debug!(%client, "TLS handshake failed: {}", Chain(&err));
             return Err(None);
         }
     };

@@ -147,7 +147,7 @@ impl Tls {
             Err(err) => {
                 tracing::error!(
                     "reloading TLS failed, still serving the previous certificate: {}",
-                    with_causes(&err)
+                    crate::error::Chain(&err)
                 );
                 self.reloads_failed.fetch_add(1, Ordering::Relaxed);
                 Err(err)
@@ -220,17 +220,6 @@ pub fn fingerprint(der: &[u8]) -> String {
     for (i, byte) in digest.as_ref().iter().enumerate() {
         let separator = if i == 0 { "" } else { ":" };
         let _ = write!(text, "{separator}{byte:02X}");
-    }
-    text
-}
-
-/// An error and its causes on one line.
-fn with_causes(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut cause = err.source();
-    while let Some(err) = cause {
-        let _ = write!(text, ": {err}");
-        cause = err.source();
     }
     text
 }
