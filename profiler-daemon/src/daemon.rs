@@ -95,7 +95,13 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
         let _ = signalled.send(Some(Instant::now()));
     };
-    let state = ServeState::new(pipeline.clone(), retention, args.http.limits(), policy);
+    let state = ServeState::new(
+        pipeline.clone(),
+        retention,
+        args.http.limits(),
+        policy,
+        args.http.scrape_limits(),
+    );
     // A task of its own, so that a panic in it is seen like any stage's.
     let mut server = tokio::spawn(serve::serve(listener, state, shutdown));
     let progress = pipeline.clone();

@@ -5,6 +5,7 @@
 //! collector; only HTTP requests are counted here.
 
 mod isolation;
+mod scrapes;
 mod unwinding;
 
 use std::fmt;
@@ -77,6 +78,7 @@ pub(super) async fn metrics(State(state): State<ServeState>) -> Result<Response,
         open_files: isolation::OpenFilesSnapshot::of(state.pipeline.open_files()),
         unwind_tables: state.pipeline.unwind_stats().map(unwinding::TablesSnapshot::of),
         connections: state.connections.stats(),
+        scrapes: state.scrapes.stats(),
     };
     let mut registry = Registry::with_prefix("profilerd");
     registry.register(
@@ -110,6 +112,7 @@ struct Snapshot {
     open_files: isolation::OpenFilesSnapshot,
     unwind_tables: Option<unwinding::TablesSnapshot>,
     connections: ConnectionStats,
+    scrapes: crate::serve::scrape::ScrapeStats,
 }
 
 impl Collector for Snapshot {
@@ -290,6 +293,7 @@ impl Collector for Snapshot {
                 ("evicted", store.samples_evicted),
             ],
         )?;
+        scrapes::encode(out, &self.scrapes)?;
         encode_connections(out, &self.connections)
     }
 }

@@ -2,7 +2,7 @@
 
 /// Which samples a query keeps: OR within a filter, AND across filters; an
 /// empty filter keeps everything.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Filter {
     pub pids: Vec<u32>,
     pub tids: Vec<u32>,
@@ -15,12 +15,24 @@ impl Filter {
             && (self.tids.is_empty() || self.tids.contains(&tid))
             && (self.comms.is_empty() || self.comms.iter().any(|wanted| wanted == comm))
     }
+
+    /// The same filter with each list sorted and without repeats: filters
+    /// that keep the same samples compare equal (`pid=2,1` and `pid=1&pid=2`).
+    pub fn normalized(mut self) -> Self {
+        for ids in [&mut self.pids, &mut self.tids] {
+            ids.sort_unstable();
+            ids.dedup();
+        }
+        self.comms.sort_unstable();
+        self.comms.dedup();
+        self
+    }
 }
 
 /// Whose processes a reader may see: the kernel's rule for profiling
 /// others (root and the access group see everything, anyone else only the
 /// processes whose real uid is theirs).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Visible {
     All,
     OwnedBy(u32),
@@ -39,7 +51,7 @@ impl Visible {
 
 /// A time range in milliseconds since the Unix epoch, inclusive start,
 /// exclusive end, matched against the time of each drain.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Window {
     pub start_ms: u64,
     pub end_ms: u64,
