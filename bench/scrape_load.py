@@ -7,8 +7,11 @@ SECONDS - i, so that no two ask for the same window and nothing can be
 shared). A client that falls behind skips the ticks it missed. Reports, per
 client count: answers by status, whether every refusal was a clean 503 (one
 line of text/plain, Retry-After, X-Go-Pprof: 1), latency p50/p99/max of the
-200s, the daemon's RSS before the load and at its peak, and its scrape
-metrics (answers computed/joined/cached, refusals by reason).
+200s, the daemon's RSS before the load and at its peak, the peak of a
+control daemon run alongside and never scraped, and the scraped daemon's
+metrics (answers computed/joined/cached, refusals by reason, store bytes).
+
+--clients 0 is the control: the same daemon and load, not scraped.
 
 Usage (root): bench/scrape_load.py [--clients 50 --clients 150] [--duration 60]
     [--seconds 10] [--distinct] [--profilerd PATH] [-- DAEMON FLAGS...]
@@ -71,6 +74,8 @@ def scrape_metrics(port):
                 match = wanted.match(line)
                 if match:
                     found[f"{match[1].replace('_total', '')}.{match[3]}"] = int(match[4])
+                elif line.startswith("profilerd_store_bytes "):
+                    found["store_bytes"] = int(line.split()[1])
     except (urllib.error.URLError, OSError):
         pass
     return found
@@ -80,6 +85,11 @@ def run(args, clients, split):
     port = free_port()
     daemon = subprocess.Popen([args.profilerd, "--listen", f"127.0.0.1:{port}", "--frequency", "999",
                                *args.daemon_flags], stderr=subprocess.DEVNULL)
+    # The control: the same daemon at the same time, never scraped. What the
+    # machine's other processes make the store and symbolizer hold shows in
+    # both; the difference is what the scrapes cost.
+    control = subprocess.Popen([args.profilerd, "--listen", f"127.0.0.1:{free_port()}", "--frequency", "999",
+                                *args.daemon_flags], stderr=subprocess.DEVNULL)
     busy = [subprocess.Popen([split, str(int(WARM_UP + args.duration + CLIENT_TIMEOUT + 10))]) for _ in range(2)]
     latencies, statuses, unclean = [], collections.Counter(), 0
     lock = threading.Lock()
@@ -128,16 +138,20 @@ def run(args, clients, split):
             thread.start()
         for thread in threads:
             thread.join()
+        # With no clients (the control run): the same time, unscraped.
+        time.sleep(max(0.0, stop - time.monotonic()))
         load_after = loadavg()
         peak = status_kib(daemon.pid, "VmHWM")
+        control_peak = status_kib(control.pid, "VmHWM")
         metrics = scrape_metrics(port)
     finally:
-        daemon.send_signal(signal.SIGTERM)
-        try:
-            daemon.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-            daemon.wait()
+        for process in (daemon, control):
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
         for process in busy:
             process.kill()
             process.wait()
@@ -155,12 +169,14 @@ def run(args, clients, split):
     print(f"  requests: {total}; by status: {dict(statuses.most_common())}; unclean 503s: {unclean}")
     print(f"  latency of 200s, ms: p50 {pct(50):.1f}  p99 {pct(99):.1f}  max {pct(100):.1f}")
     print(f"  daemon RSS: {rss_before / 1024:.1f} MiB before the load, peak {peak / 1024:.1f} MiB"
-          f" ({peak * 1024 / 1e6:.1f} MB)")
+          f" ({peak * 1024 / 1e6:.1f} MB); the unscraped control's peak {control_peak / 1024:.1f} MiB,"
+          f" difference {(peak - control_peak) / 1024:.1f} MiB")
     if metrics:
         print(f"  daemon metrics: {metrics}")
     refused = statuses.get(503, 0)
     print(f"| {clients} | {asked} | {statuses.get(200, 0)} | {refused} | {total - statuses.get(200, 0) - refused}"
-          f" | {unclean} | {pct(50):.0f} | {pct(99):.0f} | {rss_before / 1024:.1f} | {peak / 1024:.1f} | {load_before} |")
+          f" | {unclean} | {pct(50):.0f} | {pct(99):.0f} | {peak * 1024 / 1e6:.1f} | {control_peak * 1024 / 1e6:.1f}"
+          f" | {(peak - control_peak) * 1024 / 1e6:.1f} | {load_before} |")
     return statuses, unclean
 
 

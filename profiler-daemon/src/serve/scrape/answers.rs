@@ -10,7 +10,8 @@ use std::{
 use axum::body::Bytes;
 use tokio::sync::OnceCell;
 
-use super::key::ShareKey;
+use super::{admission::Refusal, key::ShareKey};
+use crate::serve::HttpError;
 
 /// An encoded answer, served as is to every request with its key.
 #[derive(Clone, Debug)]
@@ -21,9 +22,14 @@ pub struct Answer {
     pub attachment: bool,
 }
 
-/// Filled once, by whichever of its waiters computes it first; if that one
-/// fails or goes away, the next waiter computes it.
-pub type Flight = OnceCell<Answer>;
+/// Why a computation gave no answer: the error for every request that
+/// waited for it, and the refusal it was, if one.
+pub type Failure = (HttpError, Option<Refusal>);
+
+/// Filled once, by whichever of its waiters computes it first (if that one
+/// goes away, the next waiter computes it). A failure is given to the
+/// requests that waited for it, and forgotten.
+pub type Flight = OnceCell<Result<Answer, Failure>>;
 
 /// How a request found its key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,12 +73,12 @@ impl Answers {
     pub fn flight(&self, key: &ShareKey) -> (Arc<Flight>, Found) {
         let mut inner = self.lock();
         if let Some(slot) = inner.slots.get(key) {
-            let found = if slot.flight.initialized() {
-                Found::Done
-            } else {
-                Found::InFlight
-            };
-            return (slot.flight.clone(), found);
+            match slot.flight.get() {
+                Some(Ok(_)) => return (slot.flight.clone(), Found::Done),
+                None => return (slot.flight.clone(), Found::InFlight),
+                // Failed, and not yet forgotten: start afresh.
+                Some(Err(_)) => {}
+            }
         }
         let flight = Arc::new(Flight::new());
         inner.slots.insert(
@@ -88,7 +94,7 @@ impl Answers {
     /// Called by the request that filled `flight`: keeps the answer for
     /// later requests if it fits, and drops the answers of older drains.
     pub fn settle(&self, key: &ShareKey, flight: &Arc<Flight>) {
-        let Some(answer) = flight.get() else {
+        let Some(Ok(answer)) = flight.get() else {
             return self.abandon(key, flight);
         };
         let size = answer.body.len();
@@ -130,13 +136,13 @@ impl Answers {
     }
 
     /// Forgets a flight that failed, so the next request with its key starts
-    /// afresh (waiters already on it retry by themselves).
+    /// afresh.
     pub fn abandon(&self, key: &ShareKey, flight: &Arc<Flight>) {
         let mut inner = self.lock();
         if inner
             .slots
             .get(key)
-            .is_some_and(|slot| Arc::ptr_eq(&slot.flight, flight) && !slot.flight.initialized())
+            .is_some_and(|slot| Arc::ptr_eq(&slot.flight, flight) && slot.bytes == 0)
         {
             inner.slots.remove(key);
         }
@@ -179,11 +185,11 @@ mod tests {
 
     fn fill(flight: &Flight, size: usize) {
         flight
-            .set(Answer {
+            .set(Ok(Answer {
                 body: Bytes::from(vec![7; size]),
                 content_type: "application/octet-stream",
                 attachment: true,
-            })
+            }))
             .expect("a fresh flight");
     }
 
@@ -246,7 +252,19 @@ mod tests {
     fn a_failed_flight_is_forgotten() {
         let answers = Answers::new(1000);
         let (flight, _) = answers.flight(&key(100, 1));
+        let (joined, found) = answers.flight(&key(100, 1));
+        assert_eq!(found, Found::InFlight);
+        let busy = HttpError::new(axum::http::StatusCode::SERVICE_UNAVAILABLE, "busy");
+        flight
+            .set(Err((busy.clone(), Some(Refusal::QueueFull))))
+            .expect("a fresh flight");
+        // The request that waited gets the same refusal.
+        assert!(
+            matches!(joined.get(), Some(Err((error, Some(Refusal::QueueFull)))) if *error == busy),
+            "the waiter sees the refusal"
+        );
         answers.settle(&key(100, 1), &flight);
         assert_eq!(answers.flight(&key(100, 1)).1, Found::New);
+        assert_eq!(answers.bytes(), 0);
     }
 }

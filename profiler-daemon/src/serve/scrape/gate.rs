@@ -1,9 +1,10 @@
 //! Which drain a scrape is answered from. A scrape needs the samples taken
-//! up to its arrival, so it asks for a drain; but a drain asked for at most
-//! `share` before it arrived (done, or still under way) serves it as well,
-//! and then so does every answer computed from that drain. Requests that
-//! arrive together therefore see the same drain, the same window, and can
-//! share one answer; a lone request still gets a drain of its own.
+//! up to its arrival, so it asks for a drain; but a drain that began at most
+//! `share` before it arrived (a periodic one, or one another request asked
+//! for, done or still under way) serves it as well, and then so does every
+//! answer computed from that drain. Requests that arrive together therefore
+//! see the same drain, the same window, and can share one answer; a request
+//! with no drain that recent gets one of its own.
 
 use std::{
     future::Future,
@@ -52,8 +53,15 @@ impl DrainGate {
     }
 
     /// The time of a drain asked for no earlier than `share` before
-    /// `arrival`, running `drain` for a new one if there is none.
-    pub async fn drained<E, F, Fut>(&self, arrival: Instant, drain: F) -> Result<(u64, Drain), E>
+    /// `arrival` — `periodic` (the newest drain stored, asked for by no
+    /// one: (when it began, its time)), or one a request asked for — running
+    /// `drain` for a new one if there is none.
+    pub async fn drained<E, F, Fut>(
+        &self,
+        arrival: Instant,
+        periodic: Option<(Instant, u64)>,
+        drain: F,
+    ) -> Result<(u64, Drain), E>
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<u64, E>>,
@@ -61,6 +69,11 @@ impl DrainGate {
         let recent = |asked: Instant| arrival.saturating_duration_since(asked) <= self.share;
         let (asked, cell, kind) = {
             let mut state = self.lock();
+            if let Some((asked, time_ms)) = periodic
+                && state.last.is_none_or(|last| last.asked < asked)
+            {
+                state.last = Some(Drained { asked, time_ms });
+            }
             if let Some(last) = state.last.filter(|last| recent(last.asked)) {
                 return Ok((last.time_ms, Drain::Shared));
             }
@@ -129,16 +142,16 @@ mod tests {
         let arrival = Instant::now();
         let slow = Duration::from_millis(50);
         let (a, b, c) = tokio::join!(
-            gate.drained(arrival, || drains.run(slow)),
-            gate.drained(arrival, || drains.run(slow)),
-            gate.drained(arrival, || drains.run(slow)),
+            gate.drained(arrival, None, || drains.run(slow)),
+            gate.drained(arrival, None, || drains.run(slow)),
+            gate.drained(arrival, None, || drains.run(slow)),
         );
         assert_eq!(drains.count(), 1);
         assert_eq!(a, Ok((1000, Drain::Own)));
         assert_eq!(b, Ok((1000, Drain::Shared)));
         assert_eq!(c, Ok((1000, Drain::Shared)));
         // Done, and asked for within `share` of this arrival: reused.
-        let d = gate.drained(Instant::now(), || drains.run(slow)).await;
+        let d = gate.drained(Instant::now(), None, || drains.run(slow)).await;
         assert_eq!(d, Ok((1000, Drain::Shared)));
         assert_eq!(drains.count(), 1);
     }
@@ -147,10 +160,14 @@ mod tests {
     async fn a_request_after_the_share_window_drains_again() {
         let gate = DrainGate::new(Duration::from_millis(20));
         let drains = Drains::default();
-        let first = gate.drained(Instant::now(), || drains.run(Duration::ZERO)).await;
+        let first = gate
+            .drained(Instant::now(), None, || drains.run(Duration::ZERO))
+            .await;
         assert_eq!(first, Ok((1000, Drain::Own)));
         tokio::time::sleep(Duration::from_millis(40)).await;
-        let second = gate.drained(Instant::now(), || drains.run(Duration::ZERO)).await;
+        let second = gate
+            .drained(Instant::now(), None, || drains.run(Duration::ZERO))
+            .await;
         assert_eq!(second, Ok((1001, Drain::Own)));
         assert_eq!(drains.count(), 2);
     }
@@ -161,19 +178,49 @@ mod tests {
         let drains = Drains::default();
         for expected in 1000..1005 {
             tokio::time::sleep(Duration::from_millis(2)).await;
-            let got = gate.drained(Instant::now(), || drains.run(Duration::ZERO)).await;
+            let got = gate
+                .drained(Instant::now(), None, || drains.run(Duration::ZERO))
+                .await;
             assert_eq!(got, Ok((expected, Drain::Own)));
         }
     }
 
     #[tokio::test]
+    async fn a_recent_periodic_drain_serves_and_an_old_one_does_not() {
+        let gate = DrainGate::new(Duration::from_millis(100));
+        let drains = Drains::default();
+        let now = Instant::now();
+        let recent = Some((now, 500));
+        let got = gate
+            .drained(now + Duration::from_millis(50), recent, || {
+                drains.run(Duration::ZERO)
+            })
+            .await;
+        assert_eq!(got, Ok((500, Drain::Shared)));
+        let got = gate
+            .drained(now + Duration::from_millis(150), recent, || {
+                drains.run(Duration::ZERO)
+            })
+            .await;
+        assert_eq!(
+            got,
+            Ok((1000, Drain::Own)),
+            "a drain older than `share` does not serve"
+        );
+        assert_eq!(drains.count(), 1);
+    }
+
+    #[tokio::test]
     async fn a_failed_drain_is_retried_by_the_next_request() {
         let gate = DrainGate::new(Duration::from_secs(10));
-        let failed: Result<(u64, Drain), &str> =
-            gate.drained(Instant::now(), || async { Err("stopped") }).await;
+        let failed: Result<(u64, Drain), &str> = gate
+            .drained(Instant::now(), None, || async { Err("stopped") })
+            .await;
         assert_eq!(failed, Err("stopped"));
         let drains = Drains::default();
-        let next = gate.drained(Instant::now(), || drains.run(Duration::ZERO)).await;
+        let next = gate
+            .drained(Instant::now(), None, || drains.run(Duration::ZERO))
+            .await;
         assert_eq!(next.map(|(ms, _)| ms), Ok(1000));
     }
 }

@@ -28,7 +28,7 @@ use axum::{
 
 use self::{
     admission::{Admission, AdmissionLimits, Refusal},
-    answers::{Answers, Found},
+    answers::{Answers, Failure, Found},
     gate::{Drain, DrainGate},
     key::ShareKey,
 };
@@ -45,6 +45,9 @@ use crate::{
 const DRAIN_WAIT: Duration = Duration::from_secs(2);
 /// Longest wait in the queue, or for memory, before a 503.
 const MAX_WAIT: Duration = Duration::from_secs(10);
+/// A busy daemon's advice: about the time a computation takes, and no
+/// longer than a drain serves requests (`scrape_share_ms` is at most 1 s).
+const RETRY_AFTER_SECONDS: u64 = 1;
 /// Share of the memory budget that keeps finished answers for later requests.
 const CACHE_SHARE: usize = 4;
 
@@ -127,7 +130,13 @@ impl Scrapes {
 
     /// The time of a drain that serves a request arriving now (see [`gate`]).
     pub async fn drained(&self, pipeline: &Pipeline) -> Result<u64, HttpError> {
-        let (time_ms, drain) = self.gate.drained(Instant::now(), || drain(pipeline)).await?;
+        let periodic = pipeline
+            .last_stored()
+            .map(|stored| (stored.began, stored.time_ms));
+        let (time_ms, drain) = self
+            .gate
+            .drained(Instant::now(), periodic, || drain(pipeline))
+            .await?;
         let count = match drain {
             Drain::Own => &self.counts.drains_own,
             Drain::Shared => &self.counts.drains_shared,
@@ -153,17 +162,25 @@ impl Scrapes {
         let (flight, found) = self.answers.flight(&key);
         let computed = AtomicBool::new(false);
         let result = flight
-            .get_or_try_init(|| {
+            .get_or_init(|| {
                 computed.store(true, Ordering::Relaxed);
                 self.compute(store, &key)
             })
             .await
-            .cloned();
+            .clone();
         let computed = computed.load(Ordering::Relaxed);
         if computed {
             self.answers.settle(&key, &flight);
         }
-        let answer = result?;
+        let answer = match result {
+            Ok(answer) => answer,
+            Err((error, refusal)) => {
+                if let Some(refusal) = refusal {
+                    self.counts.refused[refusal.index()].fetch_add(1, Ordering::Relaxed);
+                }
+                return Err(error);
+            }
+        };
         let count = match (computed, found) {
             (true, _) => &self.counts.computed,
             (false, Found::Done) => &self.counts.cached,
@@ -173,7 +190,7 @@ impl Scrapes {
         Ok(answer)
     }
 
-    async fn compute(&self, store: &StoreHandle, key: &ShareKey) -> Result<Answer, HttpError> {
+    async fn compute(&self, store: &StoreHandle, key: &ShareKey) -> Result<Answer, Failure> {
         let _turn = self
             .admission
             .turn()
@@ -184,7 +201,10 @@ impl Scrapes {
             filter: key.filter.clone(),
             visible: key.visible,
         };
-        let profile = store.query(query).await.map_err(store_closed)?;
+        let profile = store
+            .query(query)
+            .await
+            .map_err(|closed| (store_closed(closed), None))?;
         let needs = render::estimate_bytes(&profile);
         let _memory = self
             .admission
@@ -193,17 +213,32 @@ impl Scrapes {
             .map_err(|refusal| self.refuse(refusal))?;
         let format = key.format;
         let filter = key.filter.clone();
+        let started = Instant::now();
+        let samples = profile.samples.len();
         // Encoding and compressing take milliseconds to tens of
         // milliseconds: off the async workers, so other requests and the
         // store keep moving.
-        tokio::task::spawn_blocking(move || render::render(format, &profile, &filter))
-            .await
-            .map_err(|err| internal(&err))?
-            .map_err(|err| internal(&err))
+        let answer = tokio::task::spawn_blocking(move || {
+            let answer = render::render(format, &profile, &filter);
+            drop(profile);
+            release_free_memory();
+            answer
+        })
+        .await
+        .map_err(|err| (internal(&err), None))?
+        .map_err(|err| (internal(&err), None))?;
+        tracing::debug!(
+            ?format,
+            samples,
+            estimate = needs,
+            bytes = answer.body.len(),
+            render_ms = started.elapsed().as_millis(),
+            "computed a shared answer"
+        );
+        Ok(answer)
     }
 
-    fn refuse(&self, refusal: Refusal) -> HttpError {
-        self.counts.refused[refusal.index()].fetch_add(1, Ordering::Relaxed);
+    fn refuse(&self, refusal: Refusal) -> Failure {
         let limits = self.admission.limits();
         let message = match refusal {
             Refusal::QueueFull => format!(
@@ -211,7 +246,7 @@ impl Scrapes {
                 limits.concurrency, limits.queue
             ),
             Refusal::Timeout => format!(
-                "profilerd is busy: this profile waited {} s for its turn; retry shortly",
+                "profilerd is busy: this profile waited {} s for its turn or for memory; retry shortly",
                 MAX_WAIT.as_secs()
             ),
             Refusal::TooLarge { needs } => format!(
@@ -220,9 +255,8 @@ impl Scrapes {
                 limits.memory_bytes >> 20
             ),
         };
-        // A second, or the time the share window keeps answers, if longer.
-        let retry = self.limits.share.as_secs().max(1);
-        HttpError::new(StatusCode::SERVICE_UNAVAILABLE, message).retry_after(retry)
+        let error = HttpError::new(StatusCode::SERVICE_UNAVAILABLE, message).retry_after(RETRY_AFTER_SECONDS);
+        (error, Some(refusal))
     }
 
     pub fn stats(&self) -> ScrapeStats {
@@ -254,6 +288,19 @@ async fn drain(pipeline: &Pipeline) -> Result<u64, HttpError> {
             tracing::warn!("drain took over {DRAIN_WAIT:?}; answering with the samples already stored");
             Ok(crate::unix_now_ms())
         }
+    }
+}
+
+/// Hands the pages freed by an encoding back to the kernel. glibc keeps
+/// freed memory in each thread's arena for reuse; after encodings on
+/// several blocking threads the daemon's RSS would stay near the sum of
+/// their peaks rather than at what is live. Once per computation (a few a
+/// second at most) its cost is small beside the encoding's.
+fn release_free_memory() {
+    // SAFETY: malloc_trim only walks the allocator's own free lists, under
+    // its own locks; it takes no pointer and invalidates no live allocation.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 
