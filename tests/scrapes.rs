@@ -242,6 +242,13 @@ fn spawn_user_get(url: String) -> thread::JoinHandle<(u16, String)> {
     })
 }
 
+/// A folded line of a process named `comm`.
+fn has_comm(folded: &str, comm: &str) -> bool {
+    folded
+        .lines()
+        .any(|line| line.strip_prefix(comm).is_some_and(|rest| rest.starts_with(';')))
+}
+
 #[test]
 fn a_user_never_gets_an_answer_computed_for_root() {
     let _serial = serial();
@@ -275,8 +282,9 @@ fn a_user_never_gets_an_answer_computed_for_root() {
     for (path, response) in &roots {
         let text = response.text();
         assert_eq!(response.status, 200, "root's GET {path}: {text}");
+        // By comm: on a busy machine either may have few samples in the window.
         assert!(
-            text.contains("root_only_secret_function") && text.contains("hot_a"),
+            has_comm(&text, "root_secret") && has_comm(&text, "user_split"),
             "root sees both workloads in {path}:\n{text}"
         );
     }
@@ -287,7 +295,7 @@ fn a_user_never_gets_an_answer_computed_for_root() {
             "the user got an answer that shows root's workload:\n{text}"
         );
         assert!(
-            text.contains("hot_a"),
+            has_comm(text, "user_split"),
             "the user sees their own workload:\n{text}"
         );
     }
