@@ -74,21 +74,25 @@ def scrape_metrics(port):
                 match = wanted.match(line)
                 if match:
                     found[f"{match[1].replace('_total', '')}.{match[3]}"] = int(match[4])
-                elif line.startswith("profilerd_store_bytes "):
-                    found["store_bytes"] = int(line.split()[1])
+                elif line.split(" ")[0] in ("profilerd_store_bytes", "profilerd_drains_total",
+                                            "profilerd_symbolize_seconds_total"):
+                    found[line.split(" ")[0].replace("profilerd_", "")] = float(line.split()[1])
     except (urllib.error.URLError, OSError):
         pass
     return found
 
 
-def run(args, clients, split):
+def run(args, clients, split, work):
     port = free_port()
+    log_path = os.path.join(work, f"daemon-{clients}.log")
+    log = open(log_path, "w")
     daemon = subprocess.Popen([args.profilerd, "--listen", f"127.0.0.1:{port}", "--frequency", "999",
-                               *args.daemon_flags], stderr=subprocess.DEVNULL)
+                               *args.daemon_flags], stderr=log)
     # The control: the same daemon at the same time, never scraped. What the
     # machine's other processes make the store and symbolizer hold shows in
     # both; the difference is what the scrapes cost.
-    control = subprocess.Popen([args.profilerd, "--listen", f"127.0.0.1:{free_port()}", "--frequency", "999",
+    control_port = free_port()
+    control = subprocess.Popen([args.profilerd, "--listen", f"127.0.0.1:{control_port}", "--frequency", "999",
                                 *args.daemon_flags], stderr=subprocess.DEVNULL)
     busy = [subprocess.Popen([split, str(int(WARM_UP + args.duration + CLIENT_TIMEOUT + 10))]) for _ in range(2)]
     latencies, statuses, unclean = [], collections.Counter(), 0
@@ -144,6 +148,7 @@ def run(args, clients, split):
         peak = status_kib(daemon.pid, "VmHWM")
         control_peak = status_kib(control.pid, "VmHWM")
         metrics = scrape_metrics(port)
+        control_metrics = scrape_metrics(control_port)
     finally:
         for process in (daemon, control):
             process.send_signal(signal.SIGTERM)
@@ -155,6 +160,12 @@ def run(args, clients, split):
         for process in busy:
             process.kill()
             process.wait()
+        log.close()
+    with open(log_path) as daemon_log:
+        # Scrapes that waited the whole 2 s for their drain (the symbolizer
+        # busy with, say, a new large binary): they answer late whatever the
+        # scrape load.
+        slow_drains = sum("drain took over" in line for line in daemon_log)
 
     latencies.sort()
 
@@ -171,8 +182,11 @@ def run(args, clients, split):
     print(f"  daemon RSS: {rss_before / 1024:.1f} MiB before the load, peak {peak / 1024:.1f} MiB"
           f" ({peak * 1024 / 1e6:.1f} MB); the unscraped control's peak {control_peak / 1024:.1f} MiB,"
           f" difference {(peak - control_peak) / 1024:.1f} MiB")
+    print(f"  drains that took over 2 s (logged once per shared drain): {slow_drains}")
     if metrics:
         print(f"  daemon metrics: {metrics}")
+        print(f"  control's store: {control_metrics.get('store_bytes', float('nan')) / 1e6:.1f} MB,"
+              f" drains {control_metrics.get('drains_total', float('nan')):.0f}")
     refused = statuses.get(503, 0)
     print(f"| {clients} | {asked} | {statuses.get(200, 0)} | {refused} | {total - statuses.get(200, 0) - refused}"
           f" | {unclean} | {pct(50):.0f} | {pct(99):.0f} | {peak * 1024 / 1e6:.1f} | {control_peak * 1024 / 1e6:.1f}"
@@ -202,7 +216,7 @@ def main():
         subprocess.run(["cc", "-O0", "-g", "-fno-omit-frame-pointer", "-o", split,
                         os.path.join(ROOT, "tests/workloads/split.c")], check=True)
         for clients in args.clients or [50]:
-            statuses, unclean = run(args, clients, split)
+            statuses, unclean = run(args, clients, split, work)
             failed |= unclean > 0 or any(status not in (200, 503) for status in statuses)
     finally:
         shutil.rmtree(work, ignore_errors=True)

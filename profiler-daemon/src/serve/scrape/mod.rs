@@ -191,9 +191,22 @@ impl Scrapes {
     }
 
     async fn compute(&self, store: &StoreHandle, key: &ShareKey) -> Result<Answer, Failure> {
+        let asked = Instant::now();
         let _turn = self
             .admission
             .turn()
+            .await
+            .map_err(|refusal| self.refuse(refusal))?;
+        let waited = asked.elapsed();
+        // The query builds the profile (and its aggregation) in the store
+        // task: reserved first, from an upper bound that costs no aggregating.
+        let entries = store
+            .entries_in(key.window)
+            .await
+            .map_err(|closed| (store_closed(closed), None))?;
+        let _query_memory = self
+            .admission
+            .reserve(render::query_bytes(entries))
             .await
             .map_err(|refusal| self.refuse(refusal))?;
         let query = Query {
@@ -205,12 +218,19 @@ impl Scrapes {
             .query(query)
             .await
             .map_err(|closed| (store_closed(closed), None))?;
+        let queried = asked.elapsed() - waited;
         let needs = render::estimate_bytes(&profile);
-        let _memory = self
-            .admission
-            .reserve(needs)
-            .await
-            .map_err(|refusal| self.refuse(refusal))?;
+        let _encode_memory = match self.admission.reserve(needs).await {
+            Ok(reserved) => reserved,
+            Err(refusal) => {
+                // What the query built goes back to the kernel, off the async workers.
+                tokio::task::spawn_blocking(move || {
+                    drop(profile);
+                    release_free_memory();
+                });
+                return Err(self.refuse(refusal));
+            }
+        };
         let format = key.format;
         let filter = key.filter.clone();
         let started = Instant::now();
@@ -232,6 +252,8 @@ impl Scrapes {
             samples,
             estimate = needs,
             bytes = answer.body.len(),
+            wait_ms = waited.as_millis(),
+            query_ms = queried.as_millis(),
             render_ms = started.elapsed().as_millis(),
             "computed a shared answer"
         );

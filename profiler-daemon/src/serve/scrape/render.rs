@@ -26,6 +26,16 @@ const SAMPLE_FRAME_BYTES: usize = 16;
 /// stacks share most frames, so this is an upper bound).
 const STACK_FRAME_BYTES: usize = 48;
 
+/// Per entry of the store a query reads: its slot in the aggregation (~40)
+/// and the profile's sample (~72, as if every entry were distinct), with the
+/// allocator's overhead.
+const QUERY_ENTRY_BYTES: usize = 160;
+
+/// The memory a query of `entries` stored entries takes at most.
+pub fn query_bytes(entries: usize) -> usize {
+    entries.saturating_mul(QUERY_ENTRY_BYTES)
+}
+
 /// Writes `profile` as `format` asks; `filter` (normalized) names it in titles.
 pub fn render(format: Format, profile: &Profile, filter: &Filter) -> std::io::Result<Answer> {
     let (body, content_type, attachment) = match format {
