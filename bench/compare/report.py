@@ -8,6 +8,9 @@ OTHERS = ["perf", "bpftrace", "bcc"]
 NOTES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "notes.md")
 
 
+KEPT_MARKER = "<!-- scrape_load.py: kept by bench/run.sh -->"
+
+
 def fmt(value, spec=".2f", suffix=""):
     if value is None:
         return "n/a"
@@ -300,6 +303,12 @@ def write(results, path):
     if os.path.exists(NOTES):
         with open(NOTES) as notes:
             out += [notes.read().rstrip(), ""]
+    # bench/scrape_load.py's section is written by hand from its own runs: kept.
+    if os.path.exists(path):
+        with open(path) as old:
+            text = old.read()
+        if KEPT_MARKER in text:
+            out += [text[text.index(KEPT_MARKER):].rstrip(), ""]
     with open(path, "w") as doc:
         doc.write("\n".join(out).rstrip() + "\n")
 

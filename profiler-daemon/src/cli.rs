@@ -8,7 +8,7 @@ use profiler_common::maps;
 use crate::{
     collect::{DEFAULT_MAX_OPEN_FILES, MapSizes, SamplerOptions, UnwindMode},
     pipeline::{PipelineOptions, SymbolizerOptions},
-    serve::{ListenAddress, connections::ConnectionLimits},
+    serve::{ListenAddress, connections::ConnectionLimits, scrape::ScrapeLimits},
     store::StoreConfig,
 };
 
@@ -151,6 +151,24 @@ pub struct HttpArgs {
     /// How long a keep-alive connection may wait for its next request, in seconds.
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub http_idle_timeout_seconds: u64,
+    /// Profiles computed at once (queries and encodings; requests for the
+    /// same one share it).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub scrape_concurrency: u64,
+    /// Profiles waiting for their turn, at most; past it a request is
+    /// refused at once (503 with Retry-After).
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(0..=4096))]
+    pub scrape_queue: u64,
+    /// Memory for profiles being encoded and answers kept for requests
+    /// that ask for the same, in MiB; a profile that would need more waits,
+    /// or is refused (503).
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(4..=65_536))]
+    pub scrape_memory_mb: u64,
+    /// A scrape is answered from a drain asked for at most this many
+    /// milliseconds before it arrived (0: always its own drain), so that
+    /// scrapes arriving together share one answer.
+    #[arg(long, default_value_t = 250, value_parser = clap::value_parser!(u64).range(0..=1000))]
+    pub scrape_share_ms: u64,
 }
 
 impl HttpArgs {
@@ -160,6 +178,17 @@ impl HttpArgs {
             max_connections: usize::try_from(self.http_max_connections).unwrap_or(usize::MAX),
             header_timeout: Duration::from_millis(self.http_header_timeout_ms),
             idle_timeout: Duration::from_secs(self.http_idle_timeout_seconds),
+        }
+    }
+
+    pub fn scrape_limits(&self) -> ScrapeLimits {
+        // Within the flags' ranges, which fit any usize we build for.
+        let size = |value: u64| usize::try_from(value).unwrap_or(usize::MAX);
+        ScrapeLimits {
+            concurrency: size(self.scrape_concurrency),
+            queue: size(self.scrape_queue),
+            memory_bytes: size(self.scrape_memory_mb << 20),
+            share: Duration::from_millis(self.scrape_share_ms),
         }
     }
 }

@@ -37,6 +37,10 @@ pub struct Config {
     pub http_max_connections: Option<u64>,
     pub http_header_timeout_ms: Option<u64>,
     pub http_idle_timeout_seconds: Option<u64>,
+    pub scrape_concurrency: Option<u64>,
+    pub scrape_queue: Option<u64>,
+    pub scrape_memory_mb: Option<u64>,
+    pub scrape_share_ms: Option<u64>,
     pub access_group: Option<String>,
     pub access_token_file: Option<PathBuf>,
     pub insecure: Option<bool>,
@@ -90,7 +94,7 @@ pub const OTHER_KEYS: [&str; 8] = [
 
 /// The accepted range of each numeric key: the same as its flag's (a test
 /// checks them against clap's).
-pub const RANGES: [(&str, RangeInclusive<u64>); 14] = [
+pub const RANGES: [(&str, RangeInclusive<u64>); 18] = [
     ("retention_seconds", 1..=86_400),
     ("store_max_mb", 1..=65_536),
     ("frequency", 1..=10_000),
@@ -105,6 +109,10 @@ pub const RANGES: [(&str, RangeInclusive<u64>); 14] = [
     ("http_max_connections", 1..=65_536),
     ("http_header_timeout_ms", 100..=300_000),
     ("http_idle_timeout_seconds", 1..=3600),
+    ("scrape_concurrency", 1..=64),
+    ("scrape_queue", 0..=4096),
+    ("scrape_memory_mb", 4..=65_536),
+    ("scrape_share_ms", 0..=1000),
 ];
 
 impl Config {
@@ -142,7 +150,7 @@ impl Config {
         Self::parse(&text, &shown)
     }
 
-    fn numbers(&self) -> [(&'static str, Option<u64>); 14] {
+    fn numbers(&self) -> [(&'static str, Option<u64>); 18] {
         [
             ("retention_seconds", self.retention_seconds),
             ("store_max_mb", self.store_max_mb),
@@ -158,6 +166,10 @@ impl Config {
             ("http_max_connections", self.http_max_connections),
             ("http_header_timeout_ms", self.http_header_timeout_ms),
             ("http_idle_timeout_seconds", self.http_idle_timeout_seconds),
+            ("scrape_concurrency", self.scrape_concurrency),
+            ("scrape_queue", self.scrape_queue),
+            ("scrape_memory_mb", self.scrape_memory_mb),
+            ("scrape_share_ms", self.scrape_share_ms),
         ]
     }
 
@@ -265,6 +277,22 @@ impl Config {
             self.http_idle_timeout_seconds,
             from_file("http_idle_timeout_seconds"),
         );
+        for (target, value, key) in [
+            (
+                &mut http.scrape_concurrency,
+                self.scrape_concurrency,
+                "scrape_concurrency",
+            ),
+            (&mut http.scrape_queue, self.scrape_queue, "scrape_queue"),
+            (
+                &mut http.scrape_memory_mb,
+                self.scrape_memory_mb,
+                "scrape_memory_mb",
+            ),
+            (&mut http.scrape_share_ms, self.scrape_share_ms, "scrape_share_ms"),
+        ] {
+            set(target, value, from_file(key));
+        }
     }
 }
 
@@ -335,6 +363,7 @@ pub fn describe(args: &DaemonArgs) -> String {
          max_open_files = {}\nsymbolizer_memory_mb = {}\nsymbolizer_deadline_ms = {}\n\
          unwind = \"{}\"\nunwind_table_memory_mb = {}\n\
          http_max_connections = {}\nhttp_header_timeout_ms = {}\nhttp_idle_timeout_seconds = {}\n\
+         scrape_concurrency = {}\nscrape_queue = {}\nscrape_memory_mb = {}\nscrape_share_ms = {}\n\
          access_group = {:?}\naccess_token_file = {:?}\ninsecure = {}\n\
          tls_cert_file = {:?}\ntls_key_file = {:?}\ntls_client_ca_file = {:?}\n",
         args.listen,
@@ -353,6 +382,10 @@ pub fn describe(args: &DaemonArgs) -> String {
         h.http_max_connections,
         h.http_header_timeout_ms,
         h.http_idle_timeout_seconds,
+        h.scrape_concurrency,
+        h.scrape_queue,
+        h.scrape_memory_mb,
+        h.scrape_share_ms,
         args.access_group,
         shown(args.access_token_file.as_deref()),
         args.insecure,

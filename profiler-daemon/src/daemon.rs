@@ -107,8 +107,14 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
         let _ = signalled.send(Some(Instant::now()));
     };
-    let state =
-        ServeState::new(pipeline.clone(), retention, args.http.limits(), policy).with_tls(tls.clone());
+    let state = ServeState::new(
+        pipeline.clone(),
+        retention,
+        args.http.limits(),
+        policy,
+        args.http.scrape_limits(),
+    )
+    .with_tls(tls.clone());
     supervisor
         .reporter()
         .watch_task("reload", tokio::spawn(serve::tls::reload_on_sighup(tls, hangups)));

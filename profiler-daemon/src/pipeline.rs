@@ -75,6 +75,18 @@ pub struct PipelineStatus {
     /// When the maps were last drained / a batch last symbolized (liveness).
     pub last_drain_at: Option<Instant>,
     pub last_symbolized_at: Option<Instant>,
+    /// The newest drain handed to the store: a query sent from now on sees it.
+    pub last_stored: Option<StoredDrain>,
+}
+
+/// A drain whose samples the store has (or will have before any query sent
+/// after this was read: the store answers in order).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StoredDrain {
+    /// When the drain began: it holds everything sampled before.
+    pub began: Instant,
+    /// Its time in the store (Unix ms).
+    pub time_ms: u64,
 }
 
 /// Occupancy of one buffer's maps when it was drained.
@@ -252,6 +264,11 @@ impl Pipeline {
 
     pub fn status(&self) -> PipelineStatus {
         self.status.borrow().clone()
+    }
+
+    /// The newest drain the store has, periodic or asked for.
+    pub fn last_stored(&self) -> Option<StoredDrain> {
+        self.status.borrow().last_stored
     }
 
     pub fn watcher_stats(&self) -> &WatcherStats {
@@ -436,6 +453,8 @@ fn symbolize_loop(
                 if store.blocking_ingest(time_ms, samples, acks).is_err() {
                     return;
                 }
+                let began = drained_at.checked_sub(drain_time).unwrap_or(drained_at);
+                status.send_modify(|status| status.last_stored = Some(StoredDrain { began, time_ms }));
             }
         }
     }

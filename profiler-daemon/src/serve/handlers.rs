@@ -1,12 +1,12 @@
 //! The endpoint handlers. None may panic on input: every failure is an
 //! [`HttpError`] with one line naming what was wrong.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::{
     extract::{RawQuery, State},
     http::{StatusCode, Uri},
-    response::Response,
+    response::{IntoResponse, Response},
 };
 use tokio::sync::watch;
 
@@ -14,13 +14,9 @@ use super::{
     HttpError, ServeState,
     access::Viewer,
     params::{self, Limits, ParamError, ProfileParams},
-    pprof_response,
+    scrape::{Format, key::ShareKey},
 };
-use crate::{
-    pipeline::PipelineError,
-    profile::{Profile, pprof},
-    store::{Query, StoreClosed, Visible, Window},
-};
+use crate::store::{StoreClosed, Visible, Window};
 
 /// Go profiles that a CPU profiler does not have; answered 404 at once.
 pub(super) const UNSUPPORTED_GO_PROFILES: [&str; 7] = [
@@ -33,11 +29,6 @@ pub(super) const UNSUPPORTED_GO_PROFILES: [&str; 7] = [
     "symbol",
 ];
 
-/// How long a request waits for the samples taken up to its arrival. Past
-/// it (the symbolizer busy with, say, a huge binary's debug info) it answers
-/// with what the store already holds rather than stall.
-const DRAIN_WAIT: Duration = Duration::from_secs(2);
-
 /// Largest pid + 1 on 64-bit Linux (PID_MAX_LIMIT), if pid_max cannot be read.
 const PID_MAX_LIMIT: u32 = 1 << 22;
 
@@ -48,30 +39,21 @@ pub(super) async fn pprof(
     RawQuery(query): RawQuery,
 ) -> Result<Response, HttpError> {
     let params = params::parse_pprof(query.as_deref(), &state.limits())?;
-    let started = Instant::now();
-    let profile = recent_profile(&state, params, visible).await?;
-    let queried = started.elapsed();
-    let samples = profile.total_samples();
-    let body = encode(profile).await?;
-    tracing::debug!(
-        samples,
-        bytes = body.len(),
-        query_ms = queried.as_millis(),
-        total_ms = started.elapsed().as_millis(),
-        "GET /pprof"
-    );
-    Ok(pprof_response(body))
+    recent(&state, params, visible, Format::Pprof).await
 }
 
-/// The profile of the last `params.seconds` seconds, including what was
-/// sampled up to now, of the processes `visible` allows; 404 if a requested
-/// pid neither runs nor has samples, as far as the caller may know.
-pub(super) async fn recent_profile(
+/// The last `params.seconds` seconds, including what was sampled up to a
+/// drain that serves a request arriving now, of the processes `visible`
+/// allows, written as `format`: shared with every request that asks for the
+/// same (see [`super::scrape`]). 404 if a requested pid neither runs nor has
+/// samples, as far as the caller may know.
+pub(super) async fn recent(
     state: &ServeState,
     mut params: ProfileParams,
     visible: Visible,
-) -> Result<Profile, HttpError> {
-    let now_ms = drain(state).await?;
+    format: Format,
+) -> Result<Response, HttpError> {
+    let now_ms = state.scrapes.drained(&state.pipeline).await?;
     super::cgroup_filter::resolve(state, &mut params.filter, visible).await?;
     let window = Window::last(params.seconds, now_ms);
     for &pid in &params.filter.pids {
@@ -90,12 +72,9 @@ pub(super) async fn recent_profile(
             ));
         }
     }
-    let query = Query {
-        window,
-        filter: params.filter,
-        visible,
-    };
-    state.pipeline.store().query(query).await.map_err(store_closed)
+    let key = ShareKey::new(window, params.filter, visible, format);
+    let answer = state.scrapes.answer(state.pipeline.store(), key).await?;
+    Ok(answer.into_response())
 }
 
 /// `GET /debug/pprof/profile`: blocks `seconds`, then returns exactly what
@@ -116,32 +95,19 @@ pub(super) async fn go_profile(
     {
         return Err(HttpError::new(StatusCode::NOT_FOUND, reason));
     }
-    let after_ms = drain(&state).await?;
+    let after_ms = state.scrapes.drained(&state.pipeline).await?;
     super::cgroup_filter::resolve(&state, &mut params.filter, visible).await?;
     tokio::select! {
         () = tokio::time::sleep(Duration::from_secs(params.seconds)) => {}
         () = stopping(state.stopping.clone()) => {}
     }
-    let until_ms = drain(&state).await?;
-    let query = Query {
-        window: Window::between_drains(after_ms, until_ms),
-        filter: params.filter,
-        visible,
-    };
-    let profile = state.pipeline.store().query(query).await.map_err(store_closed)?;
-    Ok(pprof_response(encode(profile).await?))
-}
-
-/// Drains the sampler and returns the drain's time, or now if that takes
-/// longer than [`DRAIN_WAIT`].
-async fn drain(state: &ServeState) -> Result<u64, HttpError> {
-    match tokio::time::timeout(DRAIN_WAIT, state.pipeline.drain_now()).await {
-        Ok(drained) => drained.map_err(pipeline_stopped),
-        Err(_) => {
-            tracing::warn!("drain took over {DRAIN_WAIT:?}; answering with the samples already stored");
-            Ok(crate::unix_now_ms())
-        }
-    }
+    // Requests that waited together share the drain at the end too, and
+    // with it their answer.
+    let until_ms = state.scrapes.drained_after(&state.pipeline, after_ms).await?;
+    let window = Window::between_drains(after_ms, until_ms);
+    let key = ShareKey::new(window, params.filter, visible, Format::Pprof);
+    let answer = state.scrapes.answer(state.pipeline.store(), key).await?;
+    Ok(answer.into_response())
 }
 
 /// The other Go profiles: not collected here.
@@ -172,26 +138,6 @@ impl ServeState {
             max_seconds: self.max_seconds,
         }
     }
-}
-
-/// Encoding and compressing take milliseconds to tens of milliseconds: off
-/// the async workers, so other requests and the store keep moving.
-async fn encode(profile: Profile) -> Result<Vec<u8>, HttpError> {
-    let body = tokio::task::spawn_blocking(move || pprof::encode_gzip(&profile))
-        .await
-        .map_err(|err| {
-            HttpError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("encoding the profile: {err}"),
-            )
-        })?
-        .map_err(|err| {
-            HttpError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("compressing the profile: {err}"),
-            )
-        })?;
-    Ok(body)
 }
 
 /// Resolves once the server is shutting down.
@@ -235,10 +181,6 @@ fn read_pid_max() -> u32 {
         .ok()
         .and_then(|text| text.trim().parse().ok())
         .unwrap_or(PID_MAX_LIMIT)
-}
-
-fn pipeline_stopped(_: PipelineError) -> HttpError {
-    HttpError::new(StatusCode::SERVICE_UNAVAILABLE, "profilerd is shutting down")
 }
 
 pub(super) fn store_closed(_: StoreClosed) -> HttpError {

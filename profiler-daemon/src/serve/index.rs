@@ -11,10 +11,10 @@ use axum::{
 use super::{
     HttpError, ServeState,
     access::Viewer,
-    handlers::recent_profile,
+    handlers::recent,
     params,
+    scrape::Format,
     threads::{self, ProcessReport},
-    views::{render, with_type},
 };
 use crate::{
     profile::{
@@ -33,10 +33,8 @@ pub(super) async fn index(
     RawQuery(query): RawQuery,
 ) -> Result<Response, HttpError> {
     let params = params::parse_pprof(query.as_deref(), &state.limits())?;
-    let (seconds, filter) = (params.seconds, params.filter.clone());
-    let profile = recent_profile(&state, params, visible).await?;
-    let page = render(move || Ok(page(&profile, &filter, seconds))).await?;
-    Ok(with_type(page, "text/html; charset=utf-8"))
+    let seconds = params.seconds;
+    recent(&state, params, visible, Format::Index { seconds }).await
 }
 
 /// The processes sampled in the window, busiest first. Every process and

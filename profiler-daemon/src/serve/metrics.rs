@@ -6,6 +6,7 @@
 
 mod cgroups;
 mod isolation;
+mod scrapes;
 mod tls;
 mod unwinding;
 
@@ -80,6 +81,7 @@ pub(super) async fn metrics(State(state): State<ServeState>) -> Result<Response,
         unwind_tables: state.pipeline.unwind_stats().map(unwinding::TablesSnapshot::of),
         connections: state.connections.stats(),
         tls: state.tls.as_ref().map(|tls| tls.snapshot()),
+        scrapes: state.scrapes.stats(),
     };
     let mut registry = Registry::with_prefix("profilerd");
     registry.register(
@@ -115,6 +117,7 @@ struct Snapshot {
     connections: ConnectionStats,
     /// With TLS only.
     tls: Option<super::tls::TlsSnapshot>,
+    scrapes: crate::serve::scrape::ScrapeStats,
 }
 
 impl Collector for Snapshot {
@@ -299,6 +302,7 @@ impl Collector for Snapshot {
         if let Some(snapshot) = &self.tls {
             tls::encode(out, snapshot)?;
         }
+        scrapes::encode(out, &self.scrapes)?;
         encode_connections(out, &self.connections)
     }
 }

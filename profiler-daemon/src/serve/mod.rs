@@ -24,6 +24,7 @@ mod index;
 pub mod listener;
 pub mod metrics;
 pub mod params;
+pub mod scrape;
 mod stream;
 pub mod threads;
 pub mod tls;
@@ -43,6 +44,7 @@ pub use self::listener::{ListenAddress, Listener, bind};
 use self::{
     access::AccessPolicy,
     connections::{ConnectionLimits, ConnectionTable},
+    scrape::{ScrapeLimits, Scrapes},
     tls::Tls,
 };
 use crate::pipeline::Pipeline;
@@ -56,6 +58,7 @@ pub struct ServeState {
     connections: Arc<ConnectionTable>,
     access: AccessPolicy,
     tls: Option<Arc<Tls>>,
+    scrapes: Arc<Scrapes>,
     /// Becomes true when the server starts shutting down, so that blocking
     /// profile requests return early instead of holding up the exit.
     stopping: watch::Receiver<bool>,
@@ -68,6 +71,7 @@ impl ServeState {
         retention: Duration,
         limits: ConnectionLimits,
         access: AccessPolicy,
+        scrape_limits: ScrapeLimits,
     ) -> Self {
         let (_, stopping) = watch::channel(false);
         Self {
@@ -77,6 +81,7 @@ impl ServeState {
             connections: Arc::new(ConnectionTable::new(limits)),
             access,
             tls: None,
+            scrapes: Arc::new(Scrapes::new(scrape_limits)),
             stopping,
         }
     }
@@ -141,6 +146,8 @@ pub async fn serve(
 pub struct HttpError {
     pub status: StatusCode,
     pub message: String,
+    /// Seconds, for `Retry-After` (a busy server's 503).
+    pub retry_after: Option<u64>,
 }
 
 impl HttpError {
@@ -148,7 +155,13 @@ impl HttpError {
         Self {
             status,
             message: message.into(),
+            retry_after: None,
         }
+    }
+
+    pub fn retry_after(mut self, seconds: u64) -> Self {
+        self.retry_after = Some(seconds);
+        self
     }
 }
 
@@ -164,6 +177,9 @@ impl IntoResponse for HttpError {
             HeaderValue::from_static("text/plain; charset=utf-8"),
         );
         headers.insert("x-go-pprof", HeaderValue::from_static("1"));
+        if let Some(seconds) = self.retry_after {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
         if self.status == StatusCode::UNAUTHORIZED {
             headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
@@ -173,23 +189,4 @@ impl IntoResponse for HttpError {
         );
         response
     }
-}
-
-/// A gzipped pprof body, as Go's net/http/pprof sends it.
-pub(crate) fn pprof_response(body: Vec<u8>) -> Response {
-    let mut response = body.into_response();
-    let headers = response.headers_mut();
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/octet-stream"),
-    );
-    headers.insert(
-        header::CONTENT_DISPOSITION,
-        HeaderValue::from_static("attachment; filename=\"profile\""),
-    );
-    headers.insert(
-        header::X_CONTENT_TYPE_OPTIONS,
-        HeaderValue::from_static("nosniff"),
-    );
-    response
 }

@@ -4,12 +4,12 @@
 use std::collections::BTreeMap;
 
 use axum::{
-    Json,
     extract::{RawQuery, State},
+    response::Response,
 };
 use serde::Serialize;
 
-use super::{HttpError, ServeState, access::Viewer, handlers::recent_profile, params};
+use super::{HttpError, ServeState, access::Viewer, handlers::recent, params, scrape::Format};
 use crate::profile::Profile;
 
 #[derive(Debug, Serialize, PartialEq, Eq)]
@@ -58,10 +58,14 @@ pub(super) async fn threads(
     State(state): State<ServeState>,
     Viewer(visible): Viewer,
     RawQuery(query): RawQuery,
-) -> Result<Json<ThreadsReport>, HttpError> {
+) -> Result<Response, HttpError> {
     let params = params::parse_pprof(query.as_deref(), &state.limits())?;
-    let profile = recent_profile(&state, params, visible).await?;
-    Ok(Json(report(&profile)))
+    recent(&state, params, visible, Format::Threads).await
+}
+
+/// The JSON of `/threads`.
+pub(super) fn render(profile: &Profile) -> std::io::Result<Vec<u8>> {
+    Ok(serde_json::to_vec(&report(profile))?)
 }
 
 /// Groups a profile's samples by process and thread. A thread that renamed

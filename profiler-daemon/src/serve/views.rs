@@ -4,18 +4,21 @@
 
 use axum::{
     extract::{RawQuery, State},
-    http::{HeaderValue, StatusCode, header},
-    response::{IntoResponse, Response},
+    response::Response,
 };
 
 use super::{
     HttpError, ServeState,
     access::Viewer,
-    handlers::recent_profile,
+    handlers::recent,
     params::{self, ParamError, Quoted},
+    scrape::Format,
     threads::WindowReport,
 };
-use crate::profile::{flamegraph, folded, top};
+use crate::{
+    profile::{Profile, flamegraph, folded, top},
+    store::Filter,
+};
 
 /// Rows of `/top` unless `limit` says otherwise: a screenful and then some.
 const DEFAULT_TOP_LIMIT: usize = 50;
@@ -29,14 +32,6 @@ struct TopReport {
     functions: Vec<top::FunctionCost>,
 }
 
-pub(super) fn with_type(body: impl IntoResponse, content_type: &'static str) -> Response {
-    let mut response = body.into_response();
-    response
-        .headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    response
-}
-
 fn invalid(name: &'static str, value: &str, expected: &str) -> HttpError {
     ParamError::Invalid {
         name,
@@ -44,20 +39,6 @@ fn invalid(name: &'static str, value: &str, expected: &str) -> HttpError {
         expected: expected.to_owned(),
     }
     .into()
-}
-
-/// Runs CPU-bound rendering on the blocking pool, so a large profile does
-/// not stall the async workers serving other requests.
-pub(super) async fn render<T: Send + 'static>(
-    work: impl FnOnce() -> std::io::Result<T> + Send + 'static,
-) -> Result<T, HttpError> {
-    let internal = |err: &dyn std::fmt::Display| {
-        HttpError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("rendering: {err}"))
-    };
-    tokio::task::spawn_blocking(work)
-        .await
-        .map_err(|err| internal(&err))?
-        .map_err(|err| internal(&err))
 }
 
 /// `GET /flamegraph.svg`: `icicle=true` draws it upside down.
@@ -72,16 +53,19 @@ pub(super) async fn flamegraph_svg(
         Some("true" | "1") => true,
         Some(other) => return Err(invalid("icicle", other, "true or false")),
     };
-    let filter = params.filter.clone();
-    let profile = recent_profile(&state, params, visible).await?;
-    let svg = render(move || {
-        let title = flamegraph::title(&filter, &profile.window);
-        let mut out = Vec::new();
-        flamegraph::write(&profile, &title, icicle, &mut out)?;
-        Ok(out)
-    })
-    .await?;
-    Ok(with_type(svg, "image/svg+xml"))
+    recent(&state, params, visible, Format::Flamegraph { icicle }).await
+}
+
+/// The SVG of `/flamegraph.svg`.
+pub(super) fn render_flamegraph(
+    profile: &Profile,
+    filter: &Filter,
+    icicle: bool,
+) -> std::io::Result<Vec<u8>> {
+    let title = flamegraph::title(filter, &profile.window);
+    let mut out = Vec::new();
+    flamegraph::write(profile, &title, icicle, &mut out)?;
+    Ok(out)
 }
 
 /// `GET /top`: `format=text|json`, `limit=N`.
@@ -106,25 +90,30 @@ pub(super) async fn top_table(
             }
         }
     }
-    let profile = recent_profile(&state, params, visible).await?;
-    render(move || {
-        let functions = top::top(&profile, limit);
-        if json {
-            let report = TopReport {
-                window: WindowReport {
-                    start_ms: profile.window.start_ms,
-                    end_ms: profile.window.end_ms,
-                },
-                functions,
-            };
-            return Ok(axum::Json(report).into_response());
-        }
-        Ok(with_type(
-            top::table(&profile, &functions),
-            "text/plain; charset=utf-8",
-        ))
-    })
-    .await
+    recent(&state, params, visible, Format::Top { json, limit }).await
+}
+
+/// The body and type of `/top`.
+pub(super) fn render_top(
+    profile: &Profile,
+    json: bool,
+    limit: usize,
+) -> std::io::Result<(Vec<u8>, &'static str)> {
+    let functions = top::top(profile, limit);
+    if json {
+        let report = TopReport {
+            window: WindowReport {
+                start_ms: profile.window.start_ms,
+                end_ms: profile.window.end_ms,
+            },
+            functions,
+        };
+        return Ok((serde_json::to_vec(&report)?, "application/json"));
+    }
+    Ok((
+        top::table(profile, &functions).into_bytes(),
+        "text/plain; charset=utf-8",
+    ))
 }
 
 /// Digits only, as the other numeric parameters.
@@ -145,14 +134,14 @@ pub(super) async fn folded_stacks(
     RawQuery(query): RawQuery,
 ) -> Result<Response, HttpError> {
     let params = params::parse_pprof(query.as_deref(), &state.limits())?;
-    let profile = recent_profile(&state, params, visible).await?;
-    let text = render(move || {
-        let mut out = Vec::new();
-        folded::write(&profile, &mut out)?;
-        Ok(out)
-    })
-    .await?;
-    Ok(with_type(text, "text/plain; charset=utf-8"))
+    recent(&state, params, visible, Format::Folded).await
+}
+
+/// The text of `/folded`.
+pub(super) fn render_folded(profile: &Profile) -> std::io::Result<Vec<u8>> {
+    let mut out = Vec::new();
+    folded::write(profile, &mut out)?;
+    Ok(out)
 }
 
 #[cfg(test)]

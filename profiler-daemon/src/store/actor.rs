@@ -35,6 +35,10 @@ enum Request {
     Stats {
         reply: oneshot::Sender<StoreStats>,
     },
+    EntriesIn {
+        window: Window,
+        reply: oneshot::Sender<usize>,
+    },
 }
 
 #[derive(Clone)]
@@ -77,6 +81,9 @@ pub fn spawn(mut store: Store) -> (StoreHandle, tokio::task::JoinHandle<()>) {
                 Request::Stats { reply } => {
                     let _ = reply.send(store.stats());
                 }
+                Request::EntriesIn { window, reply } => {
+                    let _ = reply.send(store.entries_in(window));
+                }
             }
         }
     });
@@ -118,6 +125,11 @@ impl StoreHandle {
     /// See [`Store::cgroups`].
     pub async fn cgroups(&self, visible: Visible) -> Result<Vec<Arc<Cgroup>>, StoreClosed> {
         self.ask(|reply| Request::Cgroups { visible, reply }).await
+    }
+
+    /// An upper bound of the samples a query of `window` returns.
+    pub async fn entries_in(&self, window: Window) -> Result<usize, StoreClosed> {
+        self.ask(|reply| Request::EntriesIn { window, reply }).await
     }
 
     pub async fn stats(&self) -> Result<StoreStats, StoreClosed> {

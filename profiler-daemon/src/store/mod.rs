@@ -240,6 +240,16 @@ impl Store {
         }
     }
 
+    /// Entries stored within `window`: an upper bound of the samples a query
+    /// of it returns, counted without aggregating anything.
+    pub fn entries_in(&self, window: Window) -> usize {
+        self.buckets
+            .iter()
+            .filter(|bucket| window.contains(bucket.time_ms))
+            .map(|bucket| bucket.entries.len())
+            .sum()
+    }
+
     /// True when any sample of `pid` that `visible` allows is stored within `window`.
     pub fn has_pid(&self, pid: u32, window: Window, visible: Visible) -> bool {
         self.buckets

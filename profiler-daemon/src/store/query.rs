@@ -4,7 +4,7 @@ use crate::cgroup::Cgroup;
 
 /// Which samples a query keeps: OR within a filter, AND across filters; an
 /// empty filter keeps everything.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Filter {
     pub pids: Vec<u32>,
     pub tids: Vec<u32>,
@@ -39,6 +39,25 @@ impl Filter {
     pub fn by_cgroup(&self) -> bool {
         !(self.units.is_empty() && self.cgroups.is_empty() && self.containers.is_empty())
     }
+
+    /// The same filter with each list sorted and without repeats: filters
+    /// that keep the same samples compare equal (`pid=2,1` and `pid=1&pid=2`).
+    pub fn normalized(mut self) -> Self {
+        for ids in [&mut self.pids, &mut self.tids] {
+            ids.sort_unstable();
+            ids.dedup();
+        }
+        for names in [
+            &mut self.comms,
+            &mut self.units,
+            &mut self.cgroups,
+            &mut self.containers,
+        ] {
+            names.sort_unstable();
+            names.dedup();
+        }
+        self
+    }
 }
 
 fn any_equal(wanted: &[String], value: Option<&str>) -> bool {
@@ -48,7 +67,7 @@ fn any_equal(wanted: &[String], value: Option<&str>) -> bool {
 /// Whose processes a reader may see: the kernel's rule for profiling
 /// others (root and the access group see everything, anyone else only the
 /// processes whose real uid is theirs).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Visible {
     All,
     OwnedBy(u32),
@@ -67,7 +86,7 @@ impl Visible {
 
 /// A time range in milliseconds since the Unix epoch, inclusive start,
 /// exclusive end, matched against the time of each drain.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Window {
     pub start_ms: u64,
     pub end_ms: u64,

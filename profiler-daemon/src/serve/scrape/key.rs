@@ -1,0 +1,132 @@
+//! What makes two scrapes' answers the same bytes.
+
+use crate::store::{Filter, Visible, Window};
+
+/// How an answer is written; part of the key, since each is its own bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Format {
+    /// gzipped pprof (`/pprof`, `/debug/pprof/profile`).
+    Pprof,
+    /// `/threads`: JSON.
+    Threads,
+    /// `/folded`.
+    Folded,
+    /// `/top`.
+    Top { json: bool, limit: usize },
+    /// `/flamegraph.svg`.
+    Flamegraph { icicle: bool },
+    /// `/`, whose links ask for the same `seconds`.
+    Index { seconds: u64 },
+}
+
+/// Two requests with equal keys get the same answer: the same window (so
+/// the same drains, hence the same samples), the same samples kept, for the
+/// same viewer scope, in the same format.
+///
+/// The scope is part of the key so that an answer computed for someone who
+/// sees every process is never handed to someone who sees only their own
+/// (nor one user's answer to another user).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ShareKey {
+    pub window: Window,
+    /// Normalized ([`Filter::normalized`]).
+    pub filter: Filter,
+    pub visible: Visible,
+    pub format: Format,
+}
+
+impl ShareKey {
+    pub fn new(window: Window, filter: Filter, visible: Visible, format: Format) -> Self {
+        Self {
+            window,
+            filter: filter.normalized(),
+            visible,
+            format,
+        }
+    }
+
+    /// The drain the window ends at: answers of older drains are stale once
+    /// a newer one is served.
+    pub fn generation(&self) -> u64 {
+        self.window.end_ms
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn filter(pids: &[u32], tids: &[u32], comms: &[&str]) -> Filter {
+        Filter {
+            pids: pids.to_vec(),
+            tids: tids.to_vec(),
+            comms: comms.iter().map(|comm| (*comm).to_owned()).collect(),
+            ..Filter::default()
+        }
+    }
+
+    const WINDOW: Window = Window {
+        start_ms: 1_000,
+        end_ms: 11_001,
+    };
+
+    #[test]
+    fn filters_that_keep_the_same_samples_share_a_key() {
+        let a = ShareKey::new(
+            WINDOW,
+            filter(&[3, 1, 2, 1], &[9, 8], &["b", "a"]),
+            Visible::All,
+            Format::Pprof,
+        );
+        let b = ShareKey::new(
+            WINDOW,
+            filter(&[1, 2, 3], &[8, 9, 9], &["a", "b", "a"]),
+            Visible::All,
+            Format::Pprof,
+        );
+        assert_eq!(a, b);
+        assert_eq!(a.filter, filter(&[1, 2, 3], &[8, 9], &["a", "b"]));
+    }
+
+    #[test]
+    fn scope_window_filter_and_format_each_separate_keys() {
+        let base = ShareKey::new(WINDOW, filter(&[1], &[], &[]), Visible::All, Format::Pprof);
+        let variants = [
+            ShareKey::new(
+                WINDOW,
+                filter(&[1], &[], &[]),
+                Visible::OwnedBy(1000),
+                Format::Pprof,
+            ),
+            ShareKey::new(
+                Window {
+                    end_ms: WINDOW.end_ms + 1,
+                    ..WINDOW
+                },
+                filter(&[1], &[], &[]),
+                Visible::All,
+                Format::Pprof,
+            ),
+            ShareKey::new(WINDOW, filter(&[2], &[], &[]), Visible::All, Format::Pprof),
+            ShareKey::new(WINDOW, filter(&[], &[1], &[]), Visible::All, Format::Pprof),
+            ShareKey::new(WINDOW, filter(&[1], &[], &[]), Visible::All, Format::Folded),
+            ShareKey::new(
+                WINDOW,
+                filter(&[1], &[], &[]),
+                Visible::All,
+                Format::Top {
+                    json: false,
+                    limit: 50,
+                },
+            ),
+        ];
+        for variant in &variants {
+            assert_ne!(&base, variant);
+        }
+        // Two unprivileged users never share either.
+        assert_ne!(
+            ShareKey::new(WINDOW, Filter::default(), Visible::OwnedBy(1000), Format::Pprof),
+            ShareKey::new(WINDOW, Filter::default(), Visible::OwnedBy(1001), Format::Pprof)
+        );
+    }
+}
