@@ -241,12 +241,15 @@ pub fn canonical(name: &str) -> String {
     // what the symbol table calls `__clock_gettime`, and the memcpy
     // variants are aliases of the memmove ones at the same address (either
     // name may be picked); the symbol table's `__libc_start_main` is the
-    // debug info's `__libc_start_main_impl`.
+    // debug info's `__libc_start_main_impl`; malloc's sbrk path is the
+    // debug info's `__glibc_morecore` and the symbol table's
+    // `__default_morecore`, one address.
     let base = base.trim_start_matches('_');
     let base = base.strip_prefix("GI_").unwrap_or(base).trim_start_matches('_');
     let base = base.strip_suffix("_impl").unwrap_or(base);
     match base.strip_prefix("memcpy_") {
         Some(variant) => format!("memmove_{variant}"),
+        None if base == "glibc_morecore" => "default_morecore".to_owned(),
         None => base.to_owned(),
     }
 }
@@ -330,6 +333,7 @@ mod tests {
                 "__memcpy_avx512_unaligned_erms",
             ),
             ("__clock_gettime", "__GI___clock_gettime"),
+            ("__default_morecore@GLIBC_2.2.5", "__glibc_morecore"),
         ] {
             assert_eq!(canonical(perf), canonical(dwarf), "{perf} vs {dwarf}");
         }
