@@ -43,7 +43,8 @@ use crate::{
 /// it (the symbolizer busy with, say, a huge binary's debug info) it answers
 /// with what the store already holds rather than stall.
 const DRAIN_WAIT: Duration = Duration::from_secs(2);
-/// Longest wait in the queue, or for memory, before a 503.
+/// Longest wait of a computation, in the queue and for memory together,
+/// before a 503.
 const MAX_WAIT: Duration = Duration::from_secs(10);
 /// A busy daemon's advice: about the time a computation takes, and no
 /// longer than a drain serves requests (`scrape_share_ms` is at most 1 s).
@@ -192,7 +193,7 @@ impl Scrapes {
 
     async fn compute(&self, store: &StoreHandle, key: &ShareKey) -> Result<Answer, Failure> {
         let asked = Instant::now();
-        let _turn = self
+        let turn = self
             .admission
             .turn()
             .await
@@ -206,7 +207,7 @@ impl Scrapes {
             .map_err(|closed| (store_closed(closed), None))?;
         let _query_memory = self
             .admission
-            .reserve(render::query_bytes(entries))
+            .reserve(&turn, render::query_bytes(entries))
             .await
             .map_err(|refusal| self.refuse(refusal))?;
         let query = Query {
@@ -220,7 +221,7 @@ impl Scrapes {
             .map_err(|closed| (store_closed(closed), None))?;
         let queried = asked.elapsed() - waited;
         let needs = render::estimate_bytes(&profile);
-        let _encode_memory = match self.admission.reserve(needs).await {
+        let _encode_memory = match self.admission.reserve(&turn, needs).await {
             Ok(reserved) => reserved,
             Err(refusal) => {
                 // What the query built goes back to the kernel, off the async workers.
