@@ -1,19 +1,13 @@
 //! Which computations run: at most `concurrency` at once, at most `queue`
 //! more waiting for their turn (the rest refused at once), and together
-//! within a memory budget reserved before each step. A computation's waits,
-//! for its turn and then for memory, end together `max_wait` after it asked
-//! for its turn: one after the other they would keep a client waiting
-//! several times as long (past its own timeout, without an answer).
+//! within a memory budget reserved before each one encodes.
 
 use std::{
     sync::atomic::{AtomicUsize, Ordering},
     time::Duration,
 };
 
-use tokio::{
-    sync::{Semaphore, SemaphorePermit},
-    time::{Instant, timeout_at},
-};
+use tokio::sync::{Semaphore, SemaphorePermit};
 
 /// The budget is counted in KiB: a semaphore counts permits in u32.
 const UNIT: usize = 1024;
@@ -23,7 +17,7 @@ pub struct AdmissionLimits {
     pub concurrency: usize,
     pub queue: usize,
     pub memory_bytes: usize,
-    /// Longest wait of one computation, for its turn and memory together.
+    /// Longest wait for a turn or for memory.
     pub max_wait: Duration,
 }
 
@@ -32,7 +26,7 @@ pub struct AdmissionLimits {
 pub enum Refusal {
     /// `queue` computations are already waiting.
     QueueFull,
-    /// Waited `max_wait` in all without getting a turn or the memory.
+    /// Waited `max_wait` without getting a turn or the memory.
     Timeout,
     /// Needs more memory than the whole budget.
     TooLarge { needs: usize },
@@ -62,8 +56,6 @@ pub struct Admission {
 /// A computation's turn; ends when dropped.
 pub struct Turn<'a> {
     _permit: SemaphorePermit<'a>,
-    /// When the computation's waits end.
-    deadline: Instant,
 }
 
 /// Memory reserved for one computation; given back when dropped.
@@ -96,12 +88,8 @@ impl Admission {
     /// turn when it comes (FIFO); refused if the queue is full or the turn
     /// does not come within `max_wait`.
     pub async fn turn(&self) -> Result<Turn<'_>, Refusal> {
-        let deadline = Instant::now() + self.limits.max_wait;
         if let Ok(permit) = self.turns.try_acquire() {
-            return Ok(Turn {
-                _permit: permit,
-                deadline,
-            });
+            return Ok(Turn { _permit: permit });
         }
         let queue = self.limits.queue;
         self.waiting
@@ -110,20 +98,16 @@ impl Admission {
             })
             .map_err(|_| Refusal::QueueFull)?;
         let _waiting = Waiting(&self.waiting);
-        match timeout_at(deadline, self.turns.acquire()).await {
-            Ok(Ok(permit)) => Ok(Turn {
-                _permit: permit,
-                deadline,
-            }),
+        match tokio::time::timeout(self.limits.max_wait, self.turns.acquire()).await {
+            Ok(Ok(permit)) => Ok(Turn { _permit: permit }),
             // The semaphore is never closed; treat it as a wait that ended.
             Ok(Err(_)) | Err(_) => Err(Refusal::Timeout),
         }
     }
 
-    /// Reserves `bytes` of the budget for the computation that has `turn`,
-    /// waiting for computations that hold it to finish, until the turn's
-    /// waits end.
-    pub async fn reserve(&self, turn: &Turn<'_>, bytes: usize) -> Result<Reserved<'_>, Refusal> {
+    /// Reserves `bytes` of the budget, waiting (at most `max_wait`) for
+    /// computations that hold it to finish.
+    pub async fn reserve(&self, bytes: usize) -> Result<Reserved<'_>, Refusal> {
         let units = bytes.div_ceil(UNIT);
         if units > self.memory_units {
             return Err(Refusal::TooLarge { needs: bytes });
@@ -133,7 +117,7 @@ impl Admission {
         }
         // Fits in u32: at most memory_units, itself at most MAX_PERMITS.
         let units = u32::try_from(units).map_err(|_| Refusal::TooLarge { needs: bytes })?;
-        match timeout_at(turn.deadline, self.memory.acquire_many(units)).await {
+        match tokio::time::timeout(self.limits.max_wait, self.memory.acquire_many(units)).await {
             Ok(Ok(permit)) => Ok(Reserved {
                 _permit: Some(permit),
             }),
@@ -219,64 +203,17 @@ mod tests {
             memory_bytes: 1 << 20,
             max_wait: Duration::from_millis(20),
         });
-        let turn = admission.turn().await.expect("a free turn");
         assert!(matches!(
-            admission.reserve(&turn, (1 << 20) + 1).await.err(),
+            admission.reserve((1 << 20) + 1).await.err(),
             Some(Refusal::TooLarge { .. })
         ));
-        let most = admission.reserve(&turn, 700 << 10).await.expect("fits");
+        let most = admission.reserve(700 << 10).await.expect("fits");
         assert_eq!(admission.reserved_bytes(), 700 << 10);
         // 700 + 400 KiB > 1 MiB: waits, then times out.
-        let other = admission.turn().await.expect("a free turn");
-        assert_eq!(
-            admission.reserve(&other, 400 << 10).await.err(),
-            Some(Refusal::Timeout)
-        );
-        let another = admission.turn().await.expect("a free turn");
-        let _rest = admission
-            .reserve(&another, 300 << 10)
-            .await
-            .expect("fits beside the first");
+        assert_eq!(admission.reserve(400 << 10).await.err(), Some(Refusal::Timeout));
+        let _rest = admission.reserve(300 << 10).await.expect("fits beside the first");
         drop(most);
         assert_eq!(admission.reserved_bytes(), 300 << 10);
-        let last = admission.turn().await.expect("a free turn");
-        let _again = admission
-            .reserve(&last, 700 << 10)
-            .await
-            .expect("fits once given back");
-    }
-
-    #[tokio::test]
-    async fn the_wait_for_memory_ends_with_the_wait_for_the_turn() {
-        const MAX_WAIT: Duration = Duration::from_secs(2);
-        let admission: &'static Admission = Box::leak(Box::new(Admission::new(AdmissionLimits {
-            concurrency: 1,
-            queue: 1,
-            memory_bytes: 1 << 20,
-            max_wait: MAX_WAIT,
-        })));
-        let running = admission.turn().await.expect("a free turn");
-        let all_memory = admission.reserve(&running, 1 << 20).await.expect("fits");
-        let asked = std::time::Instant::now();
-        let queued = tokio::spawn(async move {
-            let turn = admission.turn().await.expect("the turn, within 2 s");
-            admission.reserve(&turn, 1 << 10).await.map(drop)
-        });
-        // The running computation gives its turn back after 1.8 s of the
-        // queued one's 2 s, and keeps its memory.
-        tokio::time::sleep(Duration::from_millis(1800)).await;
-        drop(running);
-        let reserved = tokio::time::timeout(Duration::from_secs(10), queued)
-            .await
-            .expect("the queued computation ends within 10 s")
-            .expect("joins");
-        let waited = asked.elapsed();
-        drop(all_memory);
-        assert_eq!(reserved, Err(Refusal::Timeout), "the memory was never free");
-        // Waits one after the other would take 1.8 + 2 s.
-        assert!(
-            waited < MAX_WAIT + Duration::from_millis(1000),
-            "the queued computation waited {waited:?} in all, over its {MAX_WAIT:?}"
-        );
+        let _again = admission.reserve(700 << 10).await.expect("fits once given back");
     }
 }

@@ -43,8 +43,7 @@ use crate::{
 /// it (the symbolizer busy with, say, a huge binary's debug info) it answers
 /// with what the store already holds rather than stall.
 const DRAIN_WAIT: Duration = Duration::from_secs(2);
-/// Longest wait of a computation, in the queue and for memory together,
-/// before a 503.
+/// Longest wait in the queue, or for memory, before a 503.
 const MAX_WAIT: Duration = Duration::from_secs(10);
 /// A busy daemon's advice: about the time a computation takes, and no
 /// longer than a drain serves requests (`scrape_share_ms` is at most 1 s).
@@ -193,7 +192,7 @@ impl Scrapes {
 
     async fn compute(&self, store: &StoreHandle, key: &ShareKey) -> Result<Answer, Failure> {
         let asked = Instant::now();
-        let turn = self
+        let _turn = self
             .admission
             .turn()
             .await
@@ -207,7 +206,7 @@ impl Scrapes {
             .map_err(|closed| (store_closed(closed), None))?;
         let _query_memory = self
             .admission
-            .reserve(&turn, render::query_bytes(entries))
+            .reserve(render::query_bytes(entries))
             .await
             .map_err(|refusal| self.refuse(refusal))?;
         let query = Query {
@@ -221,7 +220,7 @@ impl Scrapes {
             .map_err(|closed| (store_closed(closed), None))?;
         let queried = asked.elapsed() - waited;
         let needs = render::estimate_bytes(&profile);
-        let _encode_memory = match self.admission.reserve(&turn, needs).await {
+        let _encode_memory = match self.admission.reserve(needs).await {
             Ok(reserved) => reserved,
             Err(refusal) => {
                 // What the query built goes back to the kernel, off the async workers.
