@@ -24,7 +24,7 @@ pub fn encode(out: &mut DescriptorEncoder, stats: &ScrapeStats) -> fmt::Result {
     labelled_counters(
         out,
         "scrape_refused",
-        "Profile requests refused with 503, by reason (queue_full, timeout, too_large)",
+        "Profile requests refused with 503, by reason (queue_full, timeout, too_large, contended)",
         "reason",
         &refused,
     )?;

@@ -3,7 +3,7 @@
 //! within a memory budget reserved before each one encodes.
 
 use std::{
-    sync::atomic::{AtomicUsize, Ordering},
+    sync::atomic::{AtomicBool, AtomicUsize, Ordering},
     time::Duration,
 };
 
@@ -30,10 +30,13 @@ pub enum Refusal {
     Timeout,
     /// Needs more memory than the whole budget.
     TooLarge { needs: usize },
+    /// Needed more memory while holding some, and another computation was
+    /// already waiting so: waiting too could deadlock the two.
+    Contended,
 }
 
 impl Refusal {
-    pub const REASONS: [&'static str; 3] = ["queue_full", "timeout", "too_large"];
+    pub const REASONS: [&'static str; 4] = ["queue_full", "timeout", "too_large", "contended"];
 
     /// Index into [`Self::REASONS`] (the metrics label).
     pub fn index(self) -> usize {
@@ -41,6 +44,7 @@ impl Refusal {
             Refusal::QueueFull => 0,
             Refusal::Timeout => 1,
             Refusal::TooLarge { .. } => 2,
+            Refusal::Contended => 3,
         }
     }
 }
@@ -51,6 +55,8 @@ pub struct Admission {
     memory: Semaphore,
     memory_units: usize,
     waiting: AtomicUsize,
+    /// A computation waits for more memory while holding some.
+    holding_waiter: AtomicBool,
 }
 
 /// A computation's turn; ends when dropped.
@@ -72,6 +78,15 @@ impl Drop for Waiting<'_> {
     }
 }
 
+/// Lowers the flag when the wait ends, however it ends.
+struct ClearOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for ClearOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
 impl Admission {
     pub fn new(limits: AdmissionLimits) -> Self {
         let memory_units = (limits.memory_bytes / UNIT).clamp(1, Semaphore::MAX_PERMITS);
@@ -81,6 +96,7 @@ impl Admission {
             memory: Semaphore::new(memory_units),
             memory_units,
             waiting: AtomicUsize::new(0),
+            holding_waiter: AtomicBool::new(false),
         }
     }
 
@@ -123,6 +139,31 @@ impl Admission {
             }),
             Ok(Err(_)) | Err(_) => Err(Refusal::Timeout),
         }
+    }
+
+    /// Reserves `bytes` more for a computation that already holds a
+    /// reservation. Two holders waiting for each other's memory would stall
+    /// until both time out, so at most one holder waits at a time: any
+    /// other is refused at once, and the memory it gives back lets the one
+    /// waiting (and those encoding) finish.
+    pub async fn reserve_more(&self, bytes: usize) -> Result<Reserved<'_>, Refusal> {
+        if let Ok(units) = u32::try_from(bytes.div_ceil(UNIT))
+            && units as usize <= self.memory_units
+        {
+            if units == 0 {
+                return Ok(Reserved { _permit: None });
+            }
+            if let Ok(permit) = self.memory.try_acquire_many(units) {
+                return Ok(Reserved {
+                    _permit: Some(permit),
+                });
+            }
+        }
+        if self.holding_waiter.swap(true, Ordering::AcqRel) {
+            return Err(Refusal::Contended);
+        }
+        let _clear = ClearOnDrop(&self.holding_waiter);
+        self.reserve(bytes).await
     }
 
     pub fn limits(&self) -> AdmissionLimits {
@@ -215,5 +256,48 @@ mod tests {
         drop(most);
         assert_eq!(admission.reserved_bytes(), 300 << 10);
         let _again = admission.reserve(700 << 10).await.expect("fits once given back");
+    }
+
+    #[tokio::test]
+    async fn two_holders_never_wait_for_each_others_memory() {
+        let admission = Admission::new(AdmissionLimits {
+            concurrency: 2,
+            queue: 2,
+            memory_bytes: 1 << 20,
+            max_wait: Duration::from_secs(5),
+        });
+        let first = admission.reserve(400 << 10).await.expect("fits");
+        let second = admission.reserve(400 << 10).await.expect("fits");
+        // Both now want 400 KiB more: the first waits, the second is
+        // refused at once and gives its memory back, so the first goes on.
+        let started = std::time::Instant::now();
+        let (waited, refused) = tokio::join!(admission.reserve_more(400 << 10), async {
+            tokio::task::yield_now().await;
+            let refused = admission.reserve_more(400 << 10).await.err();
+            drop(second);
+            refused
+        });
+        assert_eq!(
+            refused,
+            Some(Refusal::Contended),
+            "the second holder should be refused"
+        );
+        assert!(
+            waited.is_ok(),
+            "the first holder should get its memory once the second gave it back"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "no wait should last until max_wait, took {:?}",
+            started.elapsed()
+        );
+        drop(waited);
+        drop(first);
+        assert_eq!(admission.reserved_bytes(), 0);
+        // Memory free at once needs no wait, whoever else waits.
+        let _a = admission
+            .reserve_more(100 << 10)
+            .await
+            .expect("free memory is given at once");
     }
 }

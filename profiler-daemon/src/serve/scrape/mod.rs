@@ -83,7 +83,7 @@ pub struct ScrapeStats {
     pub joined: u64,
     pub cached: u64,
     /// By [`Refusal::REASONS`].
-    pub refused: [u64; 3],
+    pub refused: [u64; Refusal::REASONS.len()],
     pub drains_own: u64,
     pub drains_shared: u64,
     pub running: usize,
@@ -98,7 +98,7 @@ struct Counts {
     computed: AtomicU64,
     joined: AtomicU64,
     cached: AtomicU64,
-    refused: [AtomicU64; 3],
+    refused: [AtomicU64; Refusal::REASONS.len()],
     drains_own: AtomicU64,
     drains_shared: AtomicU64,
 }
@@ -220,7 +220,7 @@ impl Scrapes {
             .map_err(|closed| (store_closed(closed), None))?;
         let queried = asked.elapsed() - waited;
         let needs = render::estimate_bytes(&profile);
-        let _encode_memory = match self.admission.reserve(needs).await {
+        let _encode_memory = match self.admission.reserve_more(needs).await {
             Ok(reserved) => reserved,
             Err(refusal) => {
                 // What the query built goes back to the kernel, off the async workers.
@@ -271,6 +271,10 @@ impl Scrapes {
                 "profilerd is busy: this profile waited {} s for its turn or for memory; retry shortly",
                 MAX_WAIT.as_secs()
             ),
+            Refusal::Contended => {
+                "profilerd is busy: other profiles hold the memory this one needs to encode; retry shortly"
+                    .to_owned()
+            }
             Refusal::TooLarge { needs } => format!(
                 "this profile needs about {} MiB to encode, more than scrape_memory_mb allows ({} MiB for encoding); ask for fewer seconds or filter by pid, tid or comm",
                 needs.div_ceil(1 << 20),
