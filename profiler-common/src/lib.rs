@@ -11,7 +11,8 @@ pub const COMM_LEN: usize = 16;
 /// Frames kept per stack; the kernel's own limit (PERF_MAX_STACK_DEPTH).
 pub const MAX_STACK_DEPTH: usize = 127;
 
-/// Key of the counts maps: one entry per distinct (thread, process instance, cgroup, stacks).
+/// Key of the counts maps: one entry per distinct (kind, thread, process
+/// instance, cgroup, stacks).
 ///
 /// A stack id is the id in the stack-trace map of the same buffer, or a negative
 /// errno when the kernel could not provide that stack (`-EFAULT`: no such stack,
@@ -30,8 +31,17 @@ pub struct SampleKey {
     pub kernel_stack_id: i32,
     /// The sampled thread's comm (its thread name), NUL padded.
     pub comm: [u8; COMM_LEN],
+    /// What the value measures: one of [`sample_kind`].
+    pub kind: u16,
     /// Always 0 (explicit, so no padding byte of the map key is undefined).
-    pub reserved: u32,
+    pub reserved: u16,
+    /// The buffer generation (see [`CONTROL_GENERATION`]) whose stack maps
+    /// hold the stack ids. It is the drained buffer's own, except for an
+    /// off-CPU wait that began before an earlier drain: its stacks were
+    /// taken when it began, and the daemon kept them.
+    pub generation: u32,
+    /// Always 0.
+    pub reserved2: u32,
     /// The thread's cgroup v2 id (the inode of its directory under
     /// /sys/fs/cgroup): counts are kept per cgroup, so a thread that moves
     /// between cgroups has its samples split where it moved.
@@ -56,15 +66,49 @@ pub struct ProcessEvent {
     pub reserved: u32,
 }
 
-/// Value of the counts maps.
+/// What a counts entry measures ([`SampleKey::kind`]).
+pub mod sample_kind {
+    /// CPU samples: `count` samples, `ns` the CPU time the thread consumed
+    /// since its previous sample, summed.
+    pub const CPU: u16 = 0;
+    /// Off-CPU waits of a thread that blocked (slept, waited for I/O or a
+    /// lock): `count` waits, `ns` their length, both weighted by the
+    /// off-CPU sampling rate.
+    pub const OFF_CPU_BLOCKED: u16 = 1;
+    /// Off-CPU waits of a thread that was preempted and waited, runnable,
+    /// for a CPU (the run queue).
+    pub const OFF_CPU_RUNNABLE: u16 = 2;
+}
+
+/// Value of the counts maps; what it counts depends on [`SampleKey::kind`].
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SampleValue {
-    /// Number of samples.
+    /// Samples, or waits.
     pub count: u64,
-    /// CPU time the thread consumed since its previous sample, summed over
-    /// these samples (nanoseconds).
-    pub cpu_ns: u64,
+    /// Nanoseconds: of CPU, or of waiting.
+    pub ns: u64,
+}
+
+/// A thread's current off-CPU wait (value of the OFF_CPU_WAITS map, keyed
+/// by tid): where it was when it left the CPU. `since_ns` is 0 while the
+/// thread runs or when this wait is not sampled.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Wait {
+    /// bpf_ktime_get_ns() when the thread left the CPU; 0: not waiting.
+    pub since_ns: u64,
+    pub tgid: u32,
+    pub instance: u32,
+    pub user_stack_id: i32,
+    pub kernel_stack_id: i32,
+    /// The generation whose stack maps hold the two ids.
+    pub generation: u32,
+    /// [`sample_kind::OFF_CPU_BLOCKED`] or [`sample_kind::OFF_CPU_RUNNABLE`].
+    pub kind: u16,
+    pub reserved: u16,
+    pub comm: [u8; COMM_LEN],
+    pub cgroup_id: u64,
 }
 
 /// A sample whose stacks could not get an id (another stack held the hash
@@ -82,7 +126,7 @@ pub struct SpilledSample {
     pub kernel_len: i32,
     pub comm: [u8; COMM_LEN],
     pub reserved: u32,
-    /// As [`SampleValue::cpu_ns`].
+    /// As [`SampleValue::ns`] of a CPU sample.
     pub cpu_ns: u64,
     /// As [`SampleKey::cgroup_id`].
     pub cgroup_id: u64,
@@ -112,9 +156,10 @@ impl ProcessEventKind {
     }
 }
 
-/// Index in the CONTROL array of the counts/stack buffer pair the sampler
-/// writes to (0 or 1); the daemon drains the other one.
-pub const CONTROL_ACTIVE_BUFFER: u32 = 0;
+/// Index in the CONTROL array of the buffer generation: the daemon adds one
+/// at every drain; the sampler writes to buffer `generation & 1` (the
+/// counts and stack maps of that index), the daemon drains the other one.
+pub const CONTROL_GENERATION: u32 = 0;
 pub const CONTROL_LEN: u32 = 1;
 
 /// What happened to samples inside the BPF program, counted per CPU in the
@@ -171,10 +216,26 @@ pub enum Counter {
     UnwoundStackCollision,
     /// The unwound-stacks map had no free entry: the sample has no user stack.
     UnwoundStackMapFull,
+    // Off-CPU (the sched_switch program), when enabled.
+    /// Every time a thread (not an idle task) left a CPU.
+    OffCpuSwitches,
+    /// Waits not recorded: sampling takes one switch in N (and weighs it N).
+    OffCpuUnsampled,
+    /// Recorded waits shorter than the minimum: dropped when they ended.
+    OffCpuShort,
+    /// Waits added to the counts map when they ended.
+    OffCpuWaits,
+    /// A wait's stack could not get an id (a collision or a full map): the
+    /// wait is counted without that stack.
+    OffCpuStackLost,
+    /// The waits map refused an entry: that wait is lost.
+    OffCpuWaitsMapFull,
+    /// The next task's pid could not be read: its wait is lost.
+    OffCpuReadError,
 }
 
 impl Counter {
-    pub const COUNT: u32 = 28;
+    pub const COUNT: u32 = 35;
 
     pub const ALL: [Counter; Self::COUNT as usize] = [
         Counter::Samples,
@@ -205,6 +266,13 @@ impl Counter {
         Counter::UnwindTableFrames,
         Counter::UnwoundStackCollision,
         Counter::UnwoundStackMapFull,
+        Counter::OffCpuSwitches,
+        Counter::OffCpuUnsampled,
+        Counter::OffCpuShort,
+        Counter::OffCpuWaits,
+        Counter::OffCpuStackLost,
+        Counter::OffCpuWaitsMapFull,
+        Counter::OffCpuReadError,
     ];
 
     /// Stable snake_case name used in logs and metrics.
@@ -238,6 +306,13 @@ impl Counter {
             Counter::UnwindTableFrames => "unwind_table_frames",
             Counter::UnwoundStackCollision => "unwound_stack_collision",
             Counter::UnwoundStackMapFull => "unwound_stack_map_full",
+            Counter::OffCpuSwitches => "off_cpu_switches",
+            Counter::OffCpuUnsampled => "off_cpu_unsampled",
+            Counter::OffCpuShort => "off_cpu_short",
+            Counter::OffCpuWaits => "off_cpu_waits",
+            Counter::OffCpuStackLost => "off_cpu_stack_lost",
+            Counter::OffCpuWaitsMapFull => "off_cpu_waits_map_full",
+            Counter::OffCpuReadError => "off_cpu_read_error",
         }
     }
 
@@ -264,6 +339,10 @@ impl Counter {
                 | Counter::UnwindFramePointerFrames
                 | Counter::UnwindTableFrames
                 | Counter::UnwoundStackCollision
+                | Counter::OffCpuSwitches
+                | Counter::OffCpuUnsampled
+                | Counter::OffCpuShort
+                | Counter::OffCpuWaits
         )
     }
 }
@@ -439,6 +518,7 @@ pub mod maps {
     pub const UNWIND_TABLES: &str = "UNWIND_TABLES";
     pub const UNWIND_PROCESSES: &str = "UNWIND_PROCESSES";
     pub const UNWIND_SCRATCH: &str = "UNWIND_SCRATCH";
+    pub const OFF_CPU_WAITS: &str = "OFF_CPU_WAITS";
 
     /// Default capacities; the daemon may override them at load time.
     pub const DEFAULT_COUNTS_ENTRIES: u32 = 16384;
@@ -469,6 +549,13 @@ pub mod globals {
     pub const PERIOD_NS: &str = "PERIOD_NS";
     /// One of [`crate::unwind_mode`].
     pub const UNWIND_MODE: &str = "UNWIND_MODE";
+    /// Byte offset of `task_struct.pid` (the thread id): the switch program
+    /// reads the next task's.
+    pub const TASK_PID_OFFSET: &str = "TASK_PID_OFFSET";
+    /// Off-CPU sampling: one switch in N is recorded and weighs N (>= 1).
+    pub const OFF_CPU_SAMPLE_EVERY: &str = "OFF_CPU_SAMPLE_EVERY";
+    /// Off-CPU waits shorter than this (ns) are dropped when they end.
+    pub const OFF_CPU_MIN_NS: &str = "OFF_CPU_MIN_NS";
 }
 
 /// Program names as the daemon looks them up.
@@ -476,11 +563,14 @@ pub mod programs {
     pub const SAMPLE: &str = "sample";
     pub const ON_EXEC: &str = "on_exec";
     pub const ON_EXIT: &str = "on_exit";
+    pub const ON_SWITCH: &str = "on_switch";
 }
 
 // The layout is the contract: no implicit padding, sizes fixed.
-const _: () = assert!(core::mem::size_of::<SampleKey>() == 5 * 4 + COMM_LEN + 4 + 8);
-const _: () = assert!(core::mem::offset_of!(SampleKey, cgroup_id) == 5 * 4 + COMM_LEN + 4);
+const _: () = assert!(core::mem::size_of::<SampleKey>() == 5 * 4 + COMM_LEN + 2 * 2 + 2 * 4 + 8);
+const _: () = assert!(core::mem::offset_of!(SampleKey, cgroup_id) == 5 * 4 + COMM_LEN + 2 * 2 + 2 * 4);
+const _: () = assert!(core::mem::size_of::<Wait>() == 8 + 5 * 4 + 2 * 2 + COMM_LEN + 8);
+const _: () = assert!(core::mem::offset_of!(Wait, cgroup_id) == 8 + 5 * 4 + 2 * 2 + COMM_LEN);
 const _: () = assert!(core::mem::align_of::<SampleKey>() == 8);
 const _: () = assert!(core::mem::size_of::<ProcessEvent>() == 8 + 4 * 4);
 const _: () =
@@ -513,4 +603,6 @@ mod pod {
     unsafe impl aya::Pod for super::UnwindProcess {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::UnwoundStack {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::Wait {}
 }

@@ -6,7 +6,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use profiler_common::maps;
 
 use crate::{
-    collect::{DEFAULT_MAX_OPEN_FILES, MapSizes, SamplerOptions, UnwindMode},
+    collect::{DEFAULT_MAX_OPEN_FILES, MapSizes, OffCpuOptions, SamplerOptions, UnwindMode},
     pipeline::{PipelineOptions, SymbolizerOptions},
     serve::{ListenAddress, connections::ConnectionLimits, scrape::ScrapeLimits},
     store::StoreConfig,
@@ -78,6 +78,16 @@ pub struct SamplingArgs {
     /// tables are evicted.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub unwind_table_memory_mb: u64,
+    /// Off-CPU profiling: where threads wait (`?type=offcpu`, `wall`). Off
+    /// by default: it costs a stack walk per context switch (see the README).
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub off_cpu: bool,
+    /// Off-CPU: record one context switch in N, weighted N (1: every one).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub off_cpu_sample_every: u64,
+    /// Off-CPU: drop waits shorter than this, in microseconds (0: keep all).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=10_000_000))]
+    pub off_cpu_min_us: u64,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -249,6 +259,11 @@ impl SamplingArgs {
                 },
                 unwind: self.unwind,
                 unwind_table_bytes: self.unwind_table_memory_mb << 20,
+                off_cpu: OffCpuOptions {
+                    enabled: self.off_cpu,
+                    sample_every: self.off_cpu_sample_every,
+                    min_ns: self.off_cpu_min_us.saturating_mul(1000),
+                },
             },
             drain_interval: Duration::from_millis(self.drain_interval_ms),
             store,

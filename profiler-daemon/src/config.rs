@@ -34,6 +34,9 @@ pub struct Config {
     pub symbolizer_deadline_ms: Option<u64>,
     pub unwind: Option<crate::collect::UnwindMode>,
     pub unwind_table_memory_mb: Option<u64>,
+    pub off_cpu: Option<bool>,
+    pub off_cpu_sample_every: Option<u64>,
+    pub off_cpu_min_us: Option<u64>,
     pub http_max_connections: Option<u64>,
     pub http_header_timeout_ms: Option<u64>,
     pub http_idle_timeout_seconds: Option<u64>,
@@ -81,9 +84,10 @@ fn line_prefix(line: Option<usize>) -> String {
 }
 
 /// The keys that are not numbers (RANGES has the others).
-pub const OTHER_KEYS: [&str; 8] = [
+pub const OTHER_KEYS: [&str; 9] = [
     "listen",
     "unwind",
+    "off_cpu",
     "access_group",
     "access_token_file",
     "insecure",
@@ -94,7 +98,7 @@ pub const OTHER_KEYS: [&str; 8] = [
 
 /// The accepted range of each numeric key: the same as its flag's (a test
 /// checks them against clap's).
-pub const RANGES: [(&str, RangeInclusive<u64>); 18] = [
+pub const RANGES: [(&str, RangeInclusive<u64>); 20] = [
     ("retention_seconds", 1..=86_400),
     ("store_max_mb", 1..=65_536),
     ("frequency", 1..=10_000),
@@ -106,6 +110,8 @@ pub const RANGES: [(&str, RangeInclusive<u64>); 18] = [
     ("symbolizer_memory_mb", 64..=65_536),
     ("symbolizer_deadline_ms", 100..=600_000),
     ("unwind_table_memory_mb", 1..=4096),
+    ("off_cpu_sample_every", 1..=1_000_000),
+    ("off_cpu_min_us", 0..=10_000_000),
     ("http_max_connections", 1..=65_536),
     ("http_header_timeout_ms", 100..=300_000),
     ("http_idle_timeout_seconds", 1..=3600),
@@ -150,7 +156,7 @@ impl Config {
         Self::parse(&text, &shown)
     }
 
-    fn numbers(&self) -> [(&'static str, Option<u64>); 18] {
+    fn numbers(&self) -> [(&'static str, Option<u64>); 20] {
         [
             ("retention_seconds", self.retention_seconds),
             ("store_max_mb", self.store_max_mb),
@@ -163,6 +169,8 @@ impl Config {
             ("symbolizer_memory_mb", self.symbolizer_memory_mb),
             ("symbolizer_deadline_ms", self.symbolizer_deadline_ms),
             ("unwind_table_memory_mb", self.unwind_table_memory_mb),
+            ("off_cpu_sample_every", self.off_cpu_sample_every),
+            ("off_cpu_min_us", self.off_cpu_min_us),
             ("http_max_connections", self.http_max_connections),
             ("http_header_timeout_ms", self.http_header_timeout_ms),
             ("http_idle_timeout_seconds", self.http_idle_timeout_seconds),
@@ -239,6 +247,17 @@ impl Config {
             &mut sampling.unwind_table_memory_mb,
             self.unwind_table_memory_mb,
             from_file("unwind_table_memory_mb"),
+        );
+        set(&mut sampling.off_cpu, self.off_cpu, from_file("off_cpu"));
+        set(
+            &mut sampling.off_cpu_sample_every,
+            self.off_cpu_sample_every,
+            from_file("off_cpu_sample_every"),
+        );
+        set(
+            &mut sampling.off_cpu_min_us,
+            self.off_cpu_min_us,
+            from_file("off_cpu_min_us"),
         );
         if let (Some(file), true) = (&self.access_token_file, from_file("access_token_file")) {
             // `check-config` prints "" for none.
@@ -362,6 +381,7 @@ pub fn describe(args: &DaemonArgs) -> String {
          counts_map_entries = {}\nuser_stack_map_entries = {}\nkernel_stack_map_entries = {}\n\
          max_open_files = {}\nsymbolizer_memory_mb = {}\nsymbolizer_deadline_ms = {}\n\
          unwind = \"{}\"\nunwind_table_memory_mb = {}\n\
+         off_cpu = {}\noff_cpu_sample_every = {}\noff_cpu_min_us = {}\n\
          http_max_connections = {}\nhttp_header_timeout_ms = {}\nhttp_idle_timeout_seconds = {}\n\
          scrape_concurrency = {}\nscrape_queue = {}\nscrape_memory_mb = {}\nscrape_share_ms = {}\n\
          access_group = {:?}\naccess_token_file = {:?}\ninsecure = {}\n\
@@ -379,6 +399,9 @@ pub fn describe(args: &DaemonArgs) -> String {
         s.symbolizer_deadline_ms,
         s.unwind.name(),
         s.unwind_table_memory_mb,
+        s.off_cpu,
+        s.off_cpu_sample_every,
+        s.off_cpu_min_us,
         h.http_max_connections,
         h.http_header_timeout_ms,
         h.http_idle_timeout_seconds,

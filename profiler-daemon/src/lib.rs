@@ -20,6 +20,7 @@ pub mod collect;
 pub mod config;
 pub mod daemon;
 pub mod error;
+pub mod kind;
 pub mod pipeline;
 pub mod profile;
 pub mod record;

@@ -11,6 +11,7 @@
 // each must say why it is sound (scripts/test.sh lints with -D warnings).
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+mod off_cpu;
 mod unwind;
 
 use aya_ebpf::{
@@ -26,8 +27,9 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::warn;
 use profiler_common::{
-    COMM_LEN, CONTROL_ACTIVE_BUFFER, CONTROL_LEN, Counter, MAX_STACK_DEPTH, ProcessEvent, ProcessEventKind,
-    SPILLED_STACK_ID_BASE, SampleKey, SampleValue, SpilledSample, UnwoundStack, maps::*, unwind_mode,
+    COMM_LEN, CONTROL_GENERATION, CONTROL_LEN, Counter, MAX_STACK_DEPTH, ProcessEvent, ProcessEventKind,
+    SPILLED_STACK_ID_BASE, SampleKey, SampleValue, SpilledSample, UnwoundStack, maps::*, sample_kind,
+    unwind_mode,
 };
 use unwind::{UNWIND_PROCESSES, Walk};
 
@@ -77,7 +79,7 @@ static ATTACH_NS: Global<u64> = Global::new(0);
 #[unsafe(no_mangle)]
 static PERIOD_NS: Global<u64> = Global::new(10_101_010);
 #[unsafe(no_mangle)]
-static UNWIND_MODE: Global<u64> = Global::new(unwind_mode::FRAME_POINTERS);
+pub(crate) static UNWIND_MODE: Global<u64> = Global::new(unwind_mode::FRAME_POINTERS);
 #[map]
 static SPILLED_SAMPLES: RingBuf = RingBuf::with_byte_size(SPILLED_SAMPLES_BYTES, 0);
 
@@ -116,58 +118,68 @@ pub fn sample(ctx: PerfEventContext) -> u32 {
         bump(Counter::Idle);
         return 0;
     }
-    let instance = process_instance(&ctx, tgid);
+    let generation = generation();
     let key = SampleKey {
         tgid,
         tid,
-        instance,
+        instance: process_instance(&ctx, tgid),
         user_stack_id: 0,
         kernel_stack_id: 0,
         comm: bpf_get_current_comm().unwrap_or([0; COMM_LEN]),
+        kind: sample_kind::CPU,
         reserved: 0,
-        // SAFETY: a helper without arguments; it cannot fail (the root
-        // cgroup's id when the task has no other).
-        cgroup_id: unsafe { bpf_get_current_cgroup_id() },
+        generation,
+        reserved2: 0,
+        cgroup_id: current_cgroup(),
     };
     let cpu_ns = thread_cpu_since_last_sample(tid);
     let user = match UNWIND_MODE.load() {
-        unwind_mode::TABLES => UserStack::Unwound(unwind::walk_user_stack(&ctx, tgid)),
+        unwind_mode::TABLES => UserStack::Unwound(unwind::walk_user_stack(
+            unwind::sampled_user_registers(&ctx),
+            tgid,
+        )),
         _ => UserStack::FramePointers,
     };
     // Two monomorphic copies rather than one with a map pointer chosen at run
     // time: the verifier can then inline the map lookups.
-    match CONTROL.get(CONTROL_ACTIVE_BUFFER) {
-        Some(1) => record(
-            &ctx,
-            key,
-            cpu_ns,
-            user,
-            Buffer {
-                counts: &COUNTS_1,
-                user_stacks: &USER_STACKS_1,
-                unwound_stacks: &UNWOUND_STACKS_1,
-                kernel_stacks: &KERNEL_STACKS_1,
-            },
-        ),
-        _ => record(
-            &ctx,
-            key,
-            cpu_ns,
-            user,
-            Buffer {
-                counts: &COUNTS_0,
-                user_stacks: &USER_STACKS_0,
-                unwound_stacks: &UNWOUND_STACKS_0,
-                kernel_stacks: &KERNEL_STACKS_0,
-            },
-        ),
+    if generation & 1 == 1 {
+        record(&ctx, key, cpu_ns, user, BUFFER_1)
+    } else {
+        record(&ctx, key, cpu_ns, user, BUFFER_0)
     }
     0
 }
 
+/// The buffer generation now (see CONTROL_GENERATION); its low bit picks
+/// the buffer.
+#[inline(always)]
+pub(crate) fn generation() -> u32 {
+    CONTROL.get(CONTROL_GENERATION).copied().unwrap_or(0)
+}
+
+#[inline(always)]
+pub(crate) fn current_cgroup() -> u64 {
+    // SAFETY: a helper without arguments; it cannot fail (the root cgroup's
+    // id when the task has no other).
+    unsafe { bpf_get_current_cgroup_id() }
+}
+
+pub(crate) const BUFFER_0: Buffer = Buffer {
+    counts: &COUNTS_0,
+    user_stacks: &USER_STACKS_0,
+    unwound_stacks: &UNWOUND_STACKS_0,
+    kernel_stacks: &KERNEL_STACKS_0,
+};
+pub(crate) const BUFFER_1: Buffer = Buffer {
+    counts: &COUNTS_1,
+    user_stacks: &USER_STACKS_1,
+    unwound_stacks: &UNWOUND_STACKS_1,
+    kernel_stacks: &KERNEL_STACKS_1,
+};
+
 /// How this sample's user stack is taken.
 #[derive(Clone, Copy)]
-enum UserStack {
+pub(crate) enum UserStack {
     /// bpf_get_stackid / bpf_get_stack: frame pointers.
     FramePointers,
     /// Walked by the sampler (None: no user stack).
@@ -175,11 +187,11 @@ enum UserStack {
 }
 
 /// One of the two alternating buffers.
-struct Buffer<'a> {
-    counts: &'a HashMap<SampleKey, SampleValue>,
-    user_stacks: &'a StackTrace,
-    unwound_stacks: &'a HashMap<u32, UnwoundStack>,
-    kernel_stacks: &'a StackTrace,
+pub(crate) struct Buffer {
+    pub counts: &'static HashMap<SampleKey, SampleValue>,
+    pub user_stacks: &'static StackTrace,
+    pub unwound_stacks: &'static HashMap<u32, UnwoundStack>,
+    pub kernel_stacks: &'static StackTrace,
 }
 
 #[inline(always)]
@@ -217,18 +229,31 @@ fn record(ctx: &PerfEventContext, mut key: SampleKey, cpu_ns: u64, user: UserSta
     if (key.user_stack_id == -EEXIST || key.kernel_stack_id == -EEXIST) && spill(ctx, &key, cpu_ns, user) {
         return;
     }
-    // The key holds the tid and a thread runs on one CPU at a time, so no other
-    // CPU updates this entry concurrently: plain additions are exact.
-    if let Some(value) = counts.get_ptr_mut(&key) {
+    count(ctx, counts, &key, 1, cpu_ns);
+}
+
+/// Adds to the counts entry of `key`, creating it if new.
+#[inline(always)]
+pub(crate) fn count<C: EbpfContext>(
+    ctx: &C,
+    counts: &HashMap<SampleKey, SampleValue>,
+    key: &SampleKey,
+    count: u64,
+    ns: u64,
+) {
+    // The key holds the tid and a thread runs on one CPU at a time (and
+    // is switched in on one), so no other CPU updates this entry
+    // concurrently: plain additions are exact.
+    if let Some(value) = counts.get_ptr_mut(key) {
         // SAFETY: the key holds the tid, so only this CPU updates this entry now.
         unsafe {
-            (*value).count += 1;
-            (*value).cpu_ns += cpu_ns;
+            (*value).count += count;
+            (*value).ns += ns;
         }
         return;
     }
-    let value = SampleValue { count: 1, cpu_ns };
-    if counts.insert(&key, &value, BPF_NOEXIST as u64).is_err() && bump(Counter::CountsMapFull) == 0 {
+    let value = SampleValue { count, ns };
+    if counts.insert(key, &value, BPF_NOEXIST as u64).is_err() && bump(Counter::CountsMapFull) == 0 {
         warn!(
             ctx,
             "counts map full: samples are being lost (first loss on this CPU)"
@@ -239,7 +264,7 @@ fn record(ctx: &PerfEventContext, mut key: SampleKey, cpu_ns: u64, user: UserSta
 /// The id of the walked stack in `stacks`, storing it if new; -EEXIST when
 /// another stack holds its key (the caller spills the sample).
 #[inline(always)]
-fn unwound_stack_id(walk: *mut Walk, stacks: &HashMap<u32, UnwoundStack>) -> i32 {
+pub(crate) fn unwound_stack_id(walk: *mut Walk, stacks: &HashMap<u32, UnwoundStack>) -> i32 {
     // SAFETY: `walk` is this CPU's scratch entry, filled by the walk.
     let stack = unsafe { &(*walk).stack };
     let id = (stack.hash as u32) & (SPILLED_STACK_ID_BASE - 1);
@@ -371,7 +396,7 @@ fn stack_id(ctx: &PerfEventContext, map: &StackTrace, flags: u64, counters: [Cou
 /// The instance id of the process `tgid`, handing out (and announcing) a new one
 /// the first time the process is sampled.
 #[inline(always)]
-fn process_instance<C: EbpfContext>(ctx: &C, tgid: u32) -> u32 {
+pub(crate) fn process_instance<C: EbpfContext>(ctx: &C, tgid: u32) -> u32 {
     // SAFETY: the value is only read.
     if let Some(instance) = unsafe { PROCESSES.get(&tgid) } {
         return *instance;
@@ -427,12 +452,14 @@ pub fn on_exec(_ctx: RawTracePointContext) -> i32 {
     0
 }
 
-/// When a sampled process's main thread exits, tell the daemon (so it can drop
+/// When a thread exits, its off-CPU record goes (a later thread may get its
+/// tid). When a sampled process's main thread exits, tell the daemon (so it can drop
 /// the mappings once the last samples are drained) and free the tgid.
 #[raw_tracepoint(tracepoint = "sched_process_exit")]
 pub fn on_exit(_ctx: RawTracePointContext) -> i32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
+    off_cpu::thread_exited(pid_tgid as u32);
     if pid_tgid as u32 != tgid {
         return 0;
     }

@@ -101,19 +101,23 @@ struct StepContext {
     process: *const UnwindProcess,
 }
 
-/// Walks the current thread's user stack into the per-CPU scratch. None:
-/// the thread has no user stack (a kernel thread) or the scratch is missing.
+/// Walks the current thread's user stack, from its user registers (see
+/// [`sampled_user_registers`], [`saved_user_registers`]), into the per-CPU
+/// scratch. None: the thread has no user stack (a kernel thread) or the
+/// scratch is missing.
 #[inline(always)]
-pub fn walk_user_stack(ctx: &PerfEventContext, tgid: u32) -> Option<*mut Walk> {
+pub fn walk_user_stack(registers: Option<(u64, u64, u64)>, tgid: u32) -> Option<*mut Walk> {
     let walk = UNWIND_SCRATCH.get_ptr_mut(0)?;
-    let (ip, sp, bp) = user_registers(ctx)?;
+    let (ip, sp, bp) = registers?;
     if ip == 0 {
         return None;
     }
     // SAFETY: the value is only read, and stays valid for this run (RCU).
     let process = unsafe { UNWIND_PROCESSES.get(&tgid) }.map_or(core::ptr::null(), |p| p as *const _);
     // SAFETY: `walk` points at this CPU's scratch entry, which nothing else
-    // touches while this program runs (perf_event programs do not nest on a CPU).
+    // touches while this program runs: the perf_event program does not nest
+    // on a CPU, and the sched_switch one runs with interrupts off, so the
+    // sampler cannot interrupt it.
     unsafe {
         (*walk).ip = ip;
         (*walk).sp = sp;
@@ -153,13 +157,19 @@ pub fn walk_user_stack(ctx: &PerfEventContext, tgid: u32) -> Option<*mut Walk> {
 /// The user-mode registers: the sampled ones when the sample hit user mode,
 /// else those saved at the kernel entry (the syscall or interrupt).
 #[inline(always)]
-fn user_registers(ctx: &PerfEventContext) -> Option<(u64, u64, u64)> {
+pub fn sampled_user_registers(ctx: &PerfEventContext) -> Option<(u64, u64, u64)> {
     // SAFETY: the context of a perf_event program is its bpf_perf_event_data;
     // reading `regs` is a plain context access the verifier checks.
     let regs = unsafe { &(*ctx.ctx).regs };
     if regs.cs & 3 == 3 {
         return Some((regs.rip, regs.rsp, regs.rbp));
     }
+    saved_user_registers()
+}
+
+/// The current thread's user registers as saved when it entered the kernel.
+#[inline(always)]
+pub fn saved_user_registers() -> Option<(u64, u64, u64)> {
     // SAFETY: the helper returns the current task's saved user registers
     // (task_pt_regs); they are read through probe_read, never dereferenced.
     let user = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const pt_regs;

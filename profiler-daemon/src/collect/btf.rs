@@ -180,11 +180,13 @@ impl Btf {
 }
 
 /// Offsets in the running kernel's `task_struct` of the thread's CPU time
-/// (`se.sum_exec_runtime`) and of its start time (`start_time`).
+/// (`se.sum_exec_runtime`), its start time (`start_time`) and its id (`pid`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TaskOffsets {
     pub runtime: u32,
     pub start_time: u32,
+    /// `pid`: the thread id.
+    pub pid: u32,
 }
 
 pub fn task_offsets() -> Result<TaskOffsets, String> {
@@ -198,6 +200,7 @@ pub fn task_offsets() -> Result<TaskOffsets, String> {
     Ok(TaskOffsets {
         runtime: offset(&["se", "sum_exec_runtime"])?,
         start_time: offset(&["start_time"])?,
+        pid: offset(&["pid"])?,
     })
 }
 

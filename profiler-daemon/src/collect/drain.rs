@@ -10,11 +10,11 @@ use std::{collections::HashMap as StdHashMap, sync::Arc, time::Duration};
 
 use aya::maps::{Array, HashMap, MapData, MapError, PerCpuArray, RingBuf, StackTraceMap};
 use profiler_common::{
-    CONTROL_ACTIVE_BUFFER, Counter, MAX_STACK_DEPTH, SPILLED_STACK_ID_BASE, SampleKey, SampleValue,
-    SpilledSample, UnwoundStack, maps,
+    CONTROL_GENERATION, Counter, MAX_STACK_DEPTH, SPILLED_STACK_ID_BASE, SampleKey, SampleValue,
+    SpilledSample, UnwoundStack, Wait, maps, sample_kind,
 };
 
-use super::CollectError;
+use super::{CollectError, off_cpu::WaitTracker};
 use crate::error::Chain;
 
 /// A perf_event program runs to completion in interrupt context in
@@ -22,18 +22,26 @@ use crate::error::Chain;
 /// the hypervisor mid-program. It only delays the drain thread, costs no CPU.
 const FLIP_GRACE: Duration = Duration::from_millis(10);
 
-/// One (thread, process instance, stacks) entry of a drained buffer.
+/// One (kind, thread, process instance, stacks) entry of a drained buffer;
+/// `key.kind` says what the values measure (see SampleValue).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RawSample {
     pub key: SampleKey,
+    /// Samples, or waits.
     pub count: u64,
-    /// CPU time of the thread attributed to these samples (see SampleValue).
-    pub cpu_ns: u64,
+    /// Nanoseconds of CPU, or of waiting.
+    pub ns: u64,
 }
 
 /// Cumulative BPF counters, summed over CPUs, indexed by `Counter as usize`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BpfCounters(pub [u64; Counter::COUNT as usize]);
+
+impl Default for BpfCounters {
+    fn default() -> Self {
+        Self([0; Counter::COUNT as usize])
+    }
+}
 
 impl BpfCounters {
     pub fn get(&self, counter: Counter) -> u64 {
@@ -62,6 +70,8 @@ pub struct RawBatch {
     pub read_errors: u64,
     /// How many of `samples` came through the spill ring.
     pub spilled: usize,
+    /// Off-CPU waits whose stacks were gone (counted, kept without them).
+    pub wait_stacks_lost: u64,
 }
 
 /// Where the sampler puts user stacks: the kernel's stack-trace maps
@@ -79,8 +89,10 @@ pub struct Drainer {
     control: Array<MapData, u32>,
     counters: PerCpuArray<MapData, u64>,
     spilled: RingBuf<MapData>,
-    active: u32,
+    /// The generation the sampler writes to now (its buffer: `& 1`).
+    generation: u32,
     stack_ids: Vec<u32>,
+    waits: Option<WaitTracker>,
 }
 
 impl Drainer {
@@ -99,22 +111,30 @@ impl Drainer {
             control,
             counters,
             spilled,
-            active: 0,
+            generation: 0,
             stack_ids: Vec::new(),
+            waits: None,
         }
+    }
+
+    /// Off-CPU is on: waits still going on are read at every drain.
+    pub(super) fn track_waits(&mut self, map: HashMap<MapData, u32, Wait>, sample_every: u64, min_ns: u64) {
+        self.waits = Some(WaitTracker::new(map, sample_every, min_ns));
     }
 
     /// Flips the buffers and returns everything the old one held.
     pub fn drain(&mut self) -> Result<RawBatch, CollectError> {
-        let old = self.active as usize;
-        let new = 1 - self.active;
+        let drained = self.generation;
+        let old = (drained & 1) as usize;
+        let next = drained.wrapping_add(1);
         self.control
-            .set(CONTROL_ACTIVE_BUFFER, &new, 0)
+            .set(CONTROL_GENERATION, &next, 0)
             .map_err(|source| CollectError::Map {
                 name: maps::CONTROL,
                 source,
             })?;
-        self.active = new;
+        let flipped_ns = super::sampler::monotonic_now_ns();
+        self.generation = next;
         std::thread::sleep(FLIP_GRACE);
 
         let mut batch = RawBatch {
@@ -127,7 +147,7 @@ impl Drainer {
                 Ok((key, value)) => batch.samples.push(RawSample {
                     key,
                     count: value.count,
-                    cpu_ns: value.cpu_ns,
+                    ns: value.ns,
                 }),
                 Err(err) => {
                     batch.read_errors += 1;
@@ -154,13 +174,16 @@ impl Drainer {
             &mut self.stack_ids,
             &mut batch.kernel_stacks,
         );
-        self.drain_spilled(&mut batch);
+        self.drain_spilled(&mut batch, drained);
+        if let Some(waits) = &mut self.waits {
+            waits.drained(&mut batch, drained, flipped_ns);
+        }
         Ok(batch)
     }
 
     /// Samples the sampler copied whole after a stack-id collision: each gets
     /// fresh stack ids above the stack maps' range.
-    fn drain_spilled(&mut self, batch: &mut RawBatch) {
+    fn drain_spilled(&mut self, batch: &mut RawBatch, generation: u32) {
         let mut next_id = SPILLED_STACK_ID_BASE;
         let mut stack_id = |len: i32, frames: &[u64], stacks: &mut StdHashMap<u32, Arc<[u64]>>| -> i32 {
             let Ok(len) = usize::try_from(len) else {
@@ -185,13 +208,16 @@ impl Drainer {
                 user_stack_id: stack_id(spilled.user_len, &spilled.user, &mut batch.user_stacks),
                 kernel_stack_id: stack_id(spilled.kernel_len, &spilled.kernel, &mut batch.kernel_stacks),
                 comm: spilled.comm,
+                kind: sample_kind::CPU,
                 reserved: 0,
+                generation,
+                reserved2: 0,
                 cgroup_id: spilled.cgroup_id,
             };
             batch.samples.push(RawSample {
                 key,
                 count: 1,
-                cpu_ns: spilled.cpu_ns,
+                ns: spilled.cpu_ns,
             });
             batch.spilled += 1;
         }

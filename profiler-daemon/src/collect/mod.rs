@@ -1,7 +1,7 @@
 //! Stage 1: the BPF sampler and what the daemon reads out of it.
 //!
 //! [`Sampler`] loads and attaches the BPF program; [`Drainer`] empties its maps
-//! into [`RawBatch`]es; [`ProcessWatcher`] snapshots the memory mappings of
+//! into [`RawBatch`]es (with the off-CPU waits still going on, see `off_cpu`); [`ProcessWatcher`] snapshots the memory mappings of
 //! every process the sampler announces, while the process still exists;
 //! [`unwind_tables::TableManager`] loads the CFI tables the sampler's own
 //! user-stack walk reads.
@@ -9,6 +9,7 @@
 mod btf;
 mod drain;
 mod mapped_file;
+mod off_cpu;
 mod proc_maps;
 mod process_snapshot;
 mod sampler;
@@ -23,7 +24,7 @@ pub use proc_maps::{MapsLine, parse_maps_line};
 pub use process_snapshot::{
     MAX_FILES_PER_PROCESS, ProcessSnapshot, SnapshotMapping, SnapshotReader, read_real_uid,
 };
-pub use sampler::{MapSizes, Sampler, SamplerOptions, UnwindMaps, UnwindMode};
+pub use sampler::{MapSizes, OffCpuOptions, Sampler, SamplerOptions, UnwindMaps, UnwindMode};
 pub use watcher::{ProcessNotice, ProcessWatcher, WatcherStats};
 
 /// Errors from loading, attaching or reading the BPF side.

@@ -65,6 +65,27 @@ pub struct SamplerOptions {
     pub unwind: UnwindMode,
     /// Kernel memory for the unwind tables' rows (auto mode), bytes.
     pub unwind_table_bytes: u64,
+    pub off_cpu: OffCpuOptions,
+}
+
+/// Off-CPU profiling: the sched_switch program, when enabled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OffCpuOptions {
+    pub enabled: bool,
+    /// One switch in N is recorded, and weighs N (1: every switch).
+    pub sample_every: u64,
+    /// Waits shorter than this are dropped when they end (nanoseconds).
+    pub min_ns: u64,
+}
+
+impl Default for OffCpuOptions {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            sample_every: 1,
+            min_ns: 0,
+        }
+    }
 }
 
 /// The maps the daemon fills for the sampler's own walk (auto mode).
@@ -102,6 +123,7 @@ impl Sampler {
                 btf::TaskOffsets {
                     runtime: 0,
                     start_time: 0,
+                    pid: 0,
                 }
             }
         };
@@ -114,6 +136,20 @@ impl Sampler {
             .override_global(globals::TASK_START_OFFSET, &start_offset, true)
             .override_global(globals::PERIOD_NS, &period_ns, true)
             .override_global(globals::ATTACH_NS, &attach_ns, true);
+        let off_cpu = options.off_cpu;
+        if off_cpu.enabled && offsets.pid == 0 {
+            tracing::warn!("off-CPU profiling needs the kernel's BTF (task_struct.pid): it is off");
+        }
+        let off_cpu_on = off_cpu.enabled && offsets.pid != 0;
+        let pid_offset = u64::from(offsets.pid);
+        let sample_every = off_cpu.sample_every.max(1);
+        loader
+            .override_global(globals::TASK_PID_OFFSET, &pid_offset, true)
+            .override_global(globals::OFF_CPU_SAMPLE_EVERY, &sample_every, true)
+            .override_global(globals::OFF_CPU_MIN_NS, &off_cpu.min_ns, true);
+        if !off_cpu_on {
+            loader.map_max_entries(maps::OFF_CPU_WAITS, 1);
+        }
         let tables = options.unwind == UnwindMode::Auto;
         let mode = if tables {
             unwind_mode::TABLES
@@ -163,7 +199,14 @@ impl Sampler {
             }
         };
 
-        let drainer = take_drainer(&mut ebpf, tables)?;
+        let mut drainer = take_drainer(&mut ebpf, tables)?;
+        if off_cpu_on {
+            drainer.track_waits(
+                convert(&mut ebpf, maps::OFF_CPU_WAITS)?,
+                sample_every,
+                off_cpu.min_ns,
+            );
+        }
         let unwind = if tables {
             Some(UnwindMaps {
                 rows: convert(&mut ebpf, maps::UNWIND_ROWS)?,
@@ -195,6 +238,16 @@ impl Sampler {
                 .map_err(|source| CollectError::Program { name, source })?;
         }
 
+        if off_cpu_on {
+            let name = programs::ON_SWITCH;
+            let program: &mut RawTracePoint = program(&mut ebpf, name)?;
+            program
+                .load()
+                .map_err(|source| CollectError::Program { name, source })?;
+            program
+                .attach("sched_switch")
+                .map_err(|source| CollectError::Program { name, source })?;
+        }
         let cpus = aya::util::online_cpus().map_err(|(what, err)| CollectError::OnlineCpus(what, err))?;
         let sample: &mut PerfEvent = program(&mut ebpf, programs::SAMPLE)?;
         sample.load().map_err(|source| CollectError::Program {
@@ -214,6 +267,7 @@ impl Sampler {
         tracing::info!(
             cpus = cpus.len(),
             frequency = options.frequency,
+            off_cpu = off_cpu_on,
             "sampler attached"
         );
         Ok((
@@ -307,7 +361,7 @@ fn take_drainer(ebpf: &mut Ebpf, unwound: bool) -> Result<Drainer, CollectError>
 }
 
 /// CLOCK_MONOTONIC now, the clock bpf_ktime_get_ns() and task start times use.
-fn monotonic_now_ns() -> u64 {
+pub(super) fn monotonic_now_ns() -> u64 {
     let mut now = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,

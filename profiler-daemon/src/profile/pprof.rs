@@ -97,7 +97,7 @@ pub fn build(profile: &Profile) -> proto::Profile {
         samples.push(proto::Sample {
             location_id,
             // Measured CPU time (see SymbolizedSample::cpu_ns), not count × period.
-            value: vec![count, to_i64(sample.cpu_ns)],
+            value: vec![count, to_i64(sample.ns)],
             label,
         });
     }

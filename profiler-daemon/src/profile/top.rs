@@ -33,7 +33,7 @@ pub fn top(profile: &Profile, limit: usize) -> Vec<FunctionCost> {
             .entry(Arc::as_ptr(&sample.stack))
             .or_insert((&sample.stack, 0, 0));
         entry.1 += sample.count;
-        entry.2 += sample.cpu_ns;
+        entry.2 += sample.ns;
     }
     let mut costs: HashMap<String, FunctionCost> = HashMap::new();
     let mut names: Vec<String> = Vec::new();

@@ -105,7 +105,7 @@ pub fn report(profile: &Profile) -> ThreadsReport {
             cpu_ns: 0,
             samples: 0,
         });
-        thread.cpu_ns += sample.cpu_ns;
+        thread.cpu_ns += sample.ns;
         thread.samples += sample.count;
     }
     for (&pid, (_, threads)) in processes.iter_mut() {

@@ -18,6 +18,7 @@ pub use query::{Filter, Query, Visible, Window};
 
 use crate::{
     cgroup::Cgroup,
+    kind::SampleKind,
     profile::Profile,
     symbolize::{SymbolizedSample, SymbolizedStack},
 };
@@ -57,6 +58,7 @@ pub struct StoreStats {
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct EntryKey {
+    kind: SampleKind,
     pid: u32,
     tid: u32,
     comm: Arc<str>,
@@ -67,11 +69,11 @@ struct EntryKey {
     ns_pid: Option<u32>,
 }
 
-/// Samples and CPU nanoseconds.
+/// Samples (or waits) and nanoseconds, as the entry's kind counts them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct Totals {
     count: u64,
-    cpu_ns: u64,
+    ns: u64,
 }
 
 struct Bucket {
@@ -123,6 +125,7 @@ impl Store {
                 self.stacks.acquire(&sample.stack).0
             });
             let key = EntryKey {
+                kind: sample.kind,
                 pid: sample.pid,
                 tid: sample.tid,
                 comm: sample.comm.clone(),
@@ -135,7 +138,7 @@ impl Store {
             let bucket = self.buckets.back_mut().expect("a bucket was pushed above");
             if let Some(totals) = bucket.entries.get_mut(&key) {
                 totals.count += sample.count;
-                totals.cpu_ns += sample.cpu_ns;
+                totals.ns += sample.ns;
                 continue;
             }
             if !self.make_room(ENTRY_BYTES) {
@@ -151,7 +154,7 @@ impl Store {
                 key,
                 Totals {
                     count: sample.count,
-                    cpu_ns: sample.cpu_ns,
+                    ns: sample.ns,
                 },
             );
             self.entry_count += 1;
@@ -202,7 +205,7 @@ impl Store {
                 {
                     let total = totals.entry(key).or_default();
                     total.count += value.count;
-                    total.cpu_ns += value.cpu_ns;
+                    total.ns += value.ns;
                 }
             }
         }
@@ -220,6 +223,7 @@ impl Store {
             .into_iter()
             .filter_map(|(key, totals)| {
                 Some(SymbolizedSample {
+                    kind: key.kind,
                     pid: key.pid,
                     tid: key.tid,
                     comm: key.comm.clone(),
@@ -227,7 +231,7 @@ impl Store {
                     thread_name: key.thread_name.clone(),
                     stack: self.stacks.get(key.stack)?.clone(),
                     count: totals.count,
-                    cpu_ns: totals.cpu_ns,
+                    ns: totals.ns,
                     cgroup: key.cgroup.clone(),
                     ns_pid: key.ns_pid,
                 })

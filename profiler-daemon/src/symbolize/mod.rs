@@ -38,6 +38,8 @@ pub struct Symbolizer {
     kernel_mapping: Arc<Mapping>,
     names: HashMap<[u8; profiler_common::COMM_LEN], Arc<str>>,
     cgroups: CgroupResolver,
+    /// Samples of a kind this daemon does not know (a mismatched BPF object).
+    unknown_kinds: u64,
 }
 
 impl Symbolizer {
@@ -55,6 +57,7 @@ impl Symbolizer {
             }),
             names: HashMap::new(),
             cgroups: CgroupResolver::new(crate::cgroup::v2_root()),
+            unknown_kinds: 0,
         }
     }
 
@@ -129,6 +132,10 @@ impl Symbolizer {
         let mut out = Vec::with_capacity(batch.samples.len());
         for sample in &batch.samples {
             let key = sample.key;
+            let Some(kind) = crate::kind::SampleKind::from_bpf(key.kind) else {
+                self.unknown_kinds += 1;
+                continue;
+            };
             let thread_name = self.name(&key.comm);
             let process = self
                 .processes
@@ -152,6 +159,7 @@ impl Symbolizer {
                 })
                 .clone();
             out.push(SymbolizedSample {
+                kind,
                 pid: key.tgid,
                 tid: key.tid,
                 comm,
@@ -159,7 +167,7 @@ impl Symbolizer {
                 thread_name,
                 stack,
                 count: sample.count,
-                cpu_ns: sample.cpu_ns,
+                ns: sample.ns,
                 cgroup: cgroups.get(&key.cgroup_id).cloned(),
                 ns_pid,
             });

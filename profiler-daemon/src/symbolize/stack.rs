@@ -77,9 +77,11 @@ impl SymbolizedStack {
     }
 }
 
-/// One symbolized entry of a drain: `count` samples of one thread with one stack.
+/// One symbolized entry of a drain: `count` samples (or waits) of one kind,
+/// of one thread with one stack.
 #[derive(Clone, Debug)]
 pub struct SymbolizedSample {
+    pub kind: crate::kind::SampleKind,
     pub pid: u32,
     pub tid: u32,
     /// Process name.
@@ -89,10 +91,12 @@ pub struct SymbolizedSample {
     pub uid: Option<u32>,
     pub thread_name: Arc<str>,
     pub stack: Arc<SymbolizedStack>,
+    /// Samples (CPU) or waits (off-CPU), weighted by the sampling rate.
     pub count: u64,
-    /// CPU time the thread consumed, attributed to these samples (each sample
-    /// carries the thread's CPU time since its previous sample).
-    pub cpu_ns: u64,
+    /// Nanoseconds of the kind: CPU time the thread consumed, attributed to
+    /// these samples (each carries the thread's CPU time since its previous
+    /// sample); or time spent waiting off-CPU.
+    pub ns: u64,
     /// The thread's cgroup, when it could be named.
     pub cgroup: Option<Arc<crate::cgroup::Cgroup>>,
     /// The process's pid in its own pid namespace, when that is another.

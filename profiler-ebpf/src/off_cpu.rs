@@ -1,0 +1,245 @@
+//! Off-CPU: where threads wait. On every context switch (the sched_switch
+//! raw tracepoint, which runs in the context of the thread leaving the CPU):
+//!
+//! - the thread leaving records when, why (blocked, or preempted and still
+//!   runnable) and where: its kernel and user stacks, taken now, the user
+//!   one through the same walk as CPU samples;
+//! - the thread arriving ends its wait: the time away goes to the counts map
+//!   under the stacks it left with, weighted by the sampling rate.
+//!
+//! A wait still going on at a drain is credited by the daemon up to the
+//! drain (it reads OFF_CPU_WAITS), and the rest when it ends; so a thread
+//! blocked for hours shows up in every window, not once at the end.
+
+use aya_ebpf::{
+    Global,
+    bindings::{BPF_F_SKIP_FIELD_MASK, BPF_F_USER_STACK},
+    helpers::{
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_ktime_get_ns,
+        bpf_probe_read_kernel,
+    },
+    macros::{map, raw_tracepoint},
+    maps::{LruHashMap, StackTrace},
+    programs::{RawTracePointContext, tracing::StackIdContext},
+};
+use profiler_common::{COMM_LEN, Counter, SampleKey, Wait, maps::*, sample_kind, unwind_mode};
+
+use crate::{
+    BUFFER_0, BUFFER_1, Buffer, UNWIND_MODE, bump, count, current_cgroup, generation, process_instance,
+    unwind, unwound_stack_id,
+};
+
+const EFAULT: i32 = 14;
+/// Kernel frames to skip: this program and the tracepoint's trampoline
+/// (`bpf_trace_run4`), so a wait's stack starts at `__schedule`.
+const KERNEL_SKIP: u64 = 2 & BPF_F_SKIP_FIELD_MASK as u64;
+/// `prev_state` of a task's last switch: it exited and will not run again.
+const TASK_DEAD: u64 = 0x80;
+
+/// tid -> its current wait.
+#[map]
+static OFF_CPU_WAITS: LruHashMap<u32, Wait> = LruHashMap::with_max_entries(DEFAULT_THREADS_ENTRIES, 0);
+
+#[unsafe(no_mangle)]
+static TASK_PID_OFFSET: Global<u64> = Global::new(0);
+#[unsafe(no_mangle)]
+static OFF_CPU_SAMPLE_EVERY: Global<u64> = Global::new(1);
+#[unsafe(no_mangle)]
+static OFF_CPU_MIN_NS: Global<u64> = Global::new(0);
+
+/// `sched_switch(bool preempt, task_struct *prev, task_struct *next,
+/// unsigned int prev_state)`; attached only when off-CPU profiling is on.
+#[raw_tracepoint(tracepoint = "sched_switch")]
+pub fn on_switch(ctx: RawTracePointContext) -> i32 {
+    // SAFETY: a helper without arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let generation = generation();
+    switched_out(&ctx, now, generation);
+    switched_in(&ctx, now, generation);
+    0
+}
+
+/// The current thread (prev) leaves the CPU: remember where it waits.
+#[inline(always)]
+fn switched_out(ctx: &RawTracePointContext, now: u64, generation: u32) {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tid = pid_tgid as u32;
+    if tid == 0 {
+        return;
+    }
+    // sched_switch has four arguments; the first and fourth are integers.
+    let (preempt, prev_state) = (ctx.arg::<u64>(0), ctx.arg::<u64>(3));
+    if prev_state & TASK_DEAD != 0 {
+        return;
+    }
+    bump(Counter::OffCpuSwitches);
+    let every = OFF_CPU_SAMPLE_EVERY.load();
+    // SAFETY: a helper without arguments.
+    if every > 1 && u64::from(unsafe { bpf_get_prandom_u32() }) % every != 0 {
+        bump(Counter::OffCpuUnsampled);
+        return;
+    }
+    let tgid = (pid_tgid >> 32) as u32;
+    // Preempted (or yielding) threads stay runnable: they wait for a CPU,
+    // not for an event.
+    let kind = if preempt & 1 == 1 || prev_state == 0 {
+        sample_kind::OFF_CPU_RUNNABLE
+    } else {
+        sample_kind::OFF_CPU_BLOCKED
+    };
+    // The walk before the buffer is chosen, and each buffer's maps in their
+    // own copy of the code below: the verifier then checks the walk once,
+    // and never a map pointer that could be either buffer's.
+    let walk = match UNWIND_MODE.load() {
+        unwind_mode::TABLES => {
+            UserWalk::Walked(unwind::walk_user_stack(unwind::saved_user_registers(), tgid))
+        }
+        _ => UserWalk::FramePointers,
+    };
+    let (user_stack_id, kernel_stack_id) = if generation & 1 == 1 {
+        wait_stacks(ctx, walk, &BUFFER_1)
+    } else {
+        wait_stacks(ctx, walk, &BUFFER_0)
+    };
+    let wait = Wait {
+        // Set last, below: the daemon reads a wait only when it is set.
+        since_ns: 0,
+        tgid,
+        instance: process_instance(ctx, tgid),
+        user_stack_id,
+        kernel_stack_id,
+        generation,
+        kind,
+        reserved: 0,
+        comm: bpf_get_current_comm().unwrap_or([0; COMM_LEN]),
+        cgroup_id: current_cgroup(),
+    };
+    match OFF_CPU_WAITS.get_ptr_mut(&tid) {
+        Some(entry) => {
+            // SAFETY: this thread's entry; the thread is on this CPU, so
+            // nothing else writes it now. Volatile so `since_ns` is
+            // stored after the rest (the daemon may be copying the entry).
+            unsafe {
+                core::ptr::write_volatile(entry, wait);
+                core::ptr::write_volatile(&mut (*entry).since_ns, now);
+            }
+        }
+        None => {
+            let wait = Wait {
+                since_ns: now,
+                ..wait
+            };
+            if OFF_CPU_WAITS.insert(&tid, &wait, 0).is_err() {
+                bump(Counter::OffCpuWaitsMapFull);
+            }
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+enum UserWalk {
+    FramePointers,
+    Walked(Option<*mut unwind::Walk>),
+}
+
+/// The ids of the current thread's (user, kernel) stacks in `buffer`.
+#[inline(always)]
+fn wait_stacks(ctx: &RawTracePointContext, walk: UserWalk, buffer: &Buffer) -> (i32, i32) {
+    let user = match walk {
+        UserWalk::Walked(Some(walk)) => {
+            let id = unwound_stack_id(walk, buffer.unwound_stacks);
+            if id < 0 {
+                bump(Counter::OffCpuStackLost);
+            }
+            id
+        }
+        UserWalk::Walked(None) => -EFAULT,
+        UserWalk::FramePointers => stack_id(ctx, buffer.user_stacks, BPF_F_USER_STACK as u64),
+    };
+    (user, stack_id(ctx, buffer.kernel_stacks, KERNEL_SKIP))
+}
+
+/// The next thread gets the CPU: its wait, if one was recorded, ends.
+#[inline(always)]
+fn switched_in(ctx: &RawTracePointContext, now: u64, generation: u32) {
+    let offset = TASK_PID_OFFSET.load();
+    if offset == 0 {
+        return;
+    }
+    // The third argument: the next task_struct.
+    let next = ctx.arg::<*const u8>(2);
+    // SAFETY: `next` is only read through probe_read, at an offset that
+    // comes from BTF.
+    let Ok(tid) = (unsafe { bpf_probe_read_kernel(next.wrapping_add(offset as usize) as *const u32) }) else {
+        bump(Counter::OffCpuReadError);
+        return;
+    };
+    if tid == 0 {
+        return;
+    }
+    let Some(entry) = OFF_CPU_WAITS.get_ptr_mut(&tid) else {
+        return;
+    };
+    // SAFETY: the entry of a thread that is not running: it left its last
+    // CPU (the switch there is complete) and arrives here only.
+    let wait = unsafe {
+        let since = core::ptr::read_volatile(&(*entry).since_ns);
+        if since == 0 {
+            return;
+        }
+        core::ptr::write_volatile(&mut (*entry).since_ns, 0);
+        Wait {
+            since_ns: since,
+            ..*entry
+        }
+    };
+    let waited = now.saturating_sub(wait.since_ns);
+    if waited < OFF_CPU_MIN_NS.load() {
+        bump(Counter::OffCpuShort);
+        return;
+    }
+    let every = OFF_CPU_SAMPLE_EVERY.load().max(1);
+    let key = SampleKey {
+        tgid: wait.tgid,
+        tid,
+        instance: wait.instance,
+        user_stack_id: wait.user_stack_id,
+        kernel_stack_id: wait.kernel_stack_id,
+        comm: wait.comm,
+        kind: wait.kind,
+        reserved: 0,
+        generation: wait.generation,
+        reserved2: 0,
+        cgroup_id: wait.cgroup_id,
+    };
+    // No overflow: waits are far below 2^44 ns and `every` <= 10^6 (a checked
+    // multiply would need a 128-bit helper BPF does not have).
+    let counts = if generation & 1 == 1 {
+        BUFFER_1.counts
+    } else {
+        BUFFER_0.counts
+    };
+    count(ctx, counts, &key, every, waited.wrapping_mul(every));
+    bump(Counter::OffCpuWaits);
+}
+
+/// A stack id, or a negative errno; -EFAULT (no such stack: a kernel
+/// thread's user stack) is normal, anything else loses the stack.
+#[inline(always)]
+fn stack_id(ctx: &RawTracePointContext, map: &StackTrace, flags: u64) -> i32 {
+    match ctx.get_stackid(map, flags) {
+        Ok(id) => id as i32,
+        Err(err) => {
+            if -(err as i32) != EFAULT {
+                bump(Counter::OffCpuStackLost);
+            }
+            err as i32
+        }
+    }
+}
+
+/// A thread exits: forget its wait (its tid may be reused).
+#[inline(always)]
+pub fn thread_exited(tid: u32) {
+    let _ = OFF_CPU_WAITS.remove(&tid);
+}
