@@ -92,7 +92,7 @@ pub struct Drainer {
     /// The generation the sampler writes to now (its buffer: `& 1`).
     generation: u32,
     stack_ids: Vec<u32>,
-    waits: Option<WaitTracker>,
+    waits: Option<(HashMap<MapData, u32, Wait>, WaitTracker, Vec<(u32, Wait)>)>,
 }
 
 impl Drainer {
@@ -119,7 +119,7 @@ impl Drainer {
 
     /// Off-CPU is on: waits still going on are read at every drain.
     pub(super) fn track_waits(&mut self, map: HashMap<MapData, u32, Wait>, sample_every: u64, min_ns: u64) {
-        self.waits = Some(WaitTracker::new(map, sample_every, min_ns));
+        self.waits = Some((map, WaitTracker::new(sample_every, min_ns), Vec::new()));
     }
 
     /// Flips the buffers and returns everything the old one held.
@@ -175,8 +175,18 @@ impl Drainer {
             &mut batch.kernel_stacks,
         );
         self.drain_spilled(&mut batch, drained);
-        if let Some(waits) = &mut self.waits {
-            waits.drained(&mut batch, drained, flipped_ns);
+        if let Some((map, tracker, waits)) = &mut self.waits {
+            waits.clear();
+            for entry in map.iter() {
+                match entry {
+                    Ok(wait) => waits.push(wait),
+                    Err(err) => {
+                        batch.read_errors += 1;
+                        tracing::debug!("reading {}: {}", maps::OFF_CPU_WAITS, Chain(&err));
+                    }
+                }
+            }
+            tracker.drained(&mut batch, drained, flipped_ns, waits);
         }
         Ok(batch)
     }

@@ -21,11 +21,9 @@ use std::{
     sync::Arc,
 };
 
-use aya::maps::{HashMap, MapData};
 use profiler_common::{SPILLED_STACK_ID_BASE, SampleKey, Wait};
 
 use super::drain::{RawBatch, RawSample};
-use crate::error::Chain;
 
 /// Stack ids the tracker gives kept stacks in a batch; spilled ones count
 /// up from SPILLED_STACK_ID_BASE, far below this.
@@ -56,7 +54,6 @@ struct Credited {
 }
 
 pub(super) struct WaitTracker {
-    map: HashMap<MapData, u32, Wait>,
     weight: u64,
     min_ns: u64,
     drains: u64,
@@ -68,9 +65,8 @@ pub(super) struct WaitTracker {
 }
 
 impl WaitTracker {
-    pub(super) fn new(map: HashMap<MapData, u32, Wait>, weight: u64, min_ns: u64) -> Self {
+    pub(super) fn new(weight: u64, min_ns: u64) -> Self {
         Self {
-            map,
             weight: weight.max(1),
             min_ns,
             drains: 0,
@@ -81,8 +77,15 @@ impl WaitTracker {
     }
 
     /// `batch` is the buffer of `generation`, drained after the flip at
-    /// `flipped_ns` (CLOCK_MONOTONIC).
-    pub(super) fn drained(&mut self, batch: &mut RawBatch, generation: u32, flipped_ns: u64) {
+    /// `flipped_ns` (CLOCK_MONOTONIC); `waits` is the OFF_CPU_WAITS map as
+    /// read after the flip, by tid.
+    pub(super) fn drained(
+        &mut self,
+        batch: &mut RawBatch,
+        generation: u32,
+        flipped_ns: u64,
+        waits: &[(u32, Wait)],
+    ) {
         self.drains += 1;
         let mut next_id = KEPT_STACK_ID_BASE;
         for index in 0..batch.samples.len() {
@@ -100,7 +103,7 @@ impl WaitTracker {
             }
             batch.samples[index] = RawSample { key, ns, ..sample };
         }
-        self.credit_ongoing(batch, generation, flipped_ns, &mut next_id);
+        self.credit_ongoing(batch, generation, flipped_ns, waits, &mut next_id);
         let drains = self.drains;
         self.kept.retain(|_, kept| kept.seen + 2 > drains);
         self.credited.retain(|_, credited| credited.seen + 2 > drains);
@@ -108,21 +111,19 @@ impl WaitTracker {
     }
 
     /// Step 2: every wait still going on, credited up to the flip.
-    fn credit_ongoing(&mut self, batch: &mut RawBatch, generation: u32, flipped_ns: u64, next_id: &mut u32) {
-        let mut waits = Vec::new();
-        for entry in self.map.iter() {
-            match entry {
-                Ok((tid, wait)) if wait.since_ns != 0 && wait.since_ns < flipped_ns => {
-                    waits.push((tid, wait))
-                }
-                Ok(_) => {}
-                Err(err) => {
-                    batch.read_errors += 1;
-                    tracing::debug!("reading the off-CPU waits: {}", Chain(&err));
-                }
-            }
-        }
-        for (tid, wait) in waits {
+    fn credit_ongoing(
+        &mut self,
+        batch: &mut RawBatch,
+        generation: u32,
+        flipped_ns: u64,
+        waits: &[(u32, Wait)],
+        next_id: &mut u32,
+    ) {
+        // A wait that began after the flip is in the new buffer: next time.
+        let ongoing = waits
+            .iter()
+            .filter(|(_, wait)| wait.since_ns != 0 && wait.since_ns < flipped_ns);
+        for &(tid, wait) in ongoing {
             let stacks = (wait.generation, wait.user_stack_id, wait.kernel_stack_id);
             if wait.generation == generation {
                 let kept = KeptStacks {
@@ -226,3 +227,6 @@ fn place(stacks: &mut StdHashMap<u32, Arc<[u64]>>, stack: Option<Arc<[u64]>>, ne
     stacks.insert(id, stack);
     id as i32
 }
+
+#[cfg(test)]
+mod tests;
