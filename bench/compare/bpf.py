@@ -97,9 +97,15 @@ def summarize(bpf):
     sampling = [p for p in bpf["progs"] if p["type"] == "perf_event"]
     samples = sum(p["run_cnt"] for p in sampling)
     sample_ns = sum(p["run_time_ns"] for p in sampling)
+    # profilerd's off-CPU program runs once per context switch.
+    switching = [p for p in bpf["progs"] if p["name"] == "on_switch"]
+    switches = sum(p["run_cnt"] for p in switching)
+    switch_ns = sum(p["run_time_ns"] for p in switching)
     return {
         "bpf_samples": samples,
         "bpf_ns_per_sample": sample_ns / samples if samples else None,
+        "bpf_switches": switches,
+        "bpf_ns_per_switch": switch_ns / switches if switches else None,
         "bpf_total_s": sum(p["run_time_ns"] for p in bpf["progs"]) / 1e9,
         "map_bytes": sum(m["bytes_memlock"] for m in bpf["maps"]),
         "prog_names": sorted({p["name"] for p in bpf["progs"]}),

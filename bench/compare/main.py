@@ -23,7 +23,7 @@ import tools
 import workloads
 
 ROOT = workloads.ROOT
-TOOLS = ["profilerd", "perf", "bpftrace", "bcc"]
+TOOLS = ["profilerd", "profilerd-offcpu", "perf", "bpftrace", "bcc"]
 
 
 class Context:
@@ -165,7 +165,7 @@ def main():
         stats_before = bpf.enable_stats()
 
         selected = [t for t in args.tools.split(",") if t]
-        makers = {"profilerd": tools.Profilerd, "perf": tools.Perf, "bpftrace": tools.Bpftrace, "bcc": tools.Bcc}
+        makers = {"profilerd": tools.Profilerd, "profilerd-offcpu": tools.ProfilerdOffCpu, "perf": tools.Perf, "bpftrace": tools.Bpftrace, "bcc": tools.Bcc}
         results["commands"] = {name: makers[name](ctx).command_text() for name in selected}
         for name in [w for w in args.workloads.split(",") if w]:
             workload = all_workloads[name]

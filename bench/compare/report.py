@@ -45,6 +45,8 @@ def one_line(run):
         parts.append(f"hot_a {run['hot_share'] * 100:.1f}% main {fmt(run.get('main_pct'), '.1f')}%")
     if run.get("pingpong_rate") is not None:
         parts.append(f"pingpong {run['pingpong_rate']:.0f}/s")
+    if run.get("bpf_ns_per_switch") is not None:
+        parts.append(f"off-CPU {us(run['bpf_ns_per_switch']):.2f} us/switch over {run['bpf_switches']} switches")
     return f"  {run['tool']} on {run['workload']}: " + ", ".join(parts)
 
 
@@ -128,6 +130,8 @@ def results_table(runs, workload):
         if workload == "pingpong":
             rate, base_rate = run.get("pingpong_rate"), base.get("pingpong_rate") if base else None
             slow = f" ({(rate / base_rate - 1) * 100:+.1f}%)" if rate and base_rate else ""
+            if run.get("bpf_ns_per_switch") is not None:
+                slow += f"; off-CPU {us(run['bpf_ns_per_switch']):.2f} us/switch"
             row.append(fmt(rate, ".0f") + slow)
         rows.append(row)
     return table(header, rows)

@@ -140,6 +140,17 @@ class Profilerd(Profiler):
                 f"GET /folded?pid=WORKLOAD&seconds=DURATION (stopped with SIGTERM)")
 
 
+class ProfilerdOffCpu(Profilerd):
+    """profilerd with off-CPU profiling on (the sched_switch program)."""
+    name = "profilerd+offcpu"
+
+    def command(self, run):
+        return super().command(run) + ["--off-cpu"]
+
+    def command_text(self):
+        return super().command_text().replace("--frequency", "--off-cpu --frequency", 1)
+
+
 class Perf(Profiler):
     name = "perf"
     bpf = False
