@@ -7,6 +7,11 @@
 # Usage: bench/switch_cost.sh [RUNS] [ROUND_TRIPS]   (root; builds first)
 # OFFCPU_ARGS adds flags to the off-CPU runs, e.g.
 #   OFFCPU_ARGS="--off-cpu-sample-every 16" bench/switch_cost.sh
+# Both ping-pong threads run on CPU 0 (PINGPONG_CPUS=0): every round trip is
+# then two context switches on one CPU, the worst case per switch. Unpinned
+# (PINGPONG_CPUS=), the rate on this VM swings by 30% with where the threads
+# land and how deeply the other vCPU idles, hiding the profiler's cost.
+pin="${PINGPONG_CPUS-0}"
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 runs="${1:-7}"
@@ -19,6 +24,14 @@ stats_before="$(cat /proc/sys/kernel/bpf_stats_enabled)"
 trap 'kill "${daemon:-0}" 2>/dev/null || true; echo "$stats_before" >/proc/sys/kernel/bpf_stats_enabled; rm -rf "$work"' EXIT
 echo 1 >/proc/sys/kernel/bpf_stats_enabled
 cc -O2 -pthread -o "$work/pingpong" bench/pingpong.c
+
+pingpong() {
+    if [ -n "$pin" ]; then
+        taskset -c "$pin" "$work/pingpong" "$@"
+    else
+        "$work/pingpong" "$@"
+    fi
+}
 
 median() { sort -n | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
 
@@ -59,14 +72,14 @@ switch_ns=0
 switches=0
 lost=""
 for _ in $(seq "$runs"); do
-    without+=("$("$work/pingpong" "$trips")")
+    without+=("$(pingpong "$trips")")
     start_daemon
-    with+=("$("$work/pingpong" "$trips")")
+    with+=("$(pingpong "$trips")")
     stop_daemon
     # shellcheck disable=SC2086
     start_daemon --off-cpu $offcpu_args
     read -r ns0 cnt0 < <(switch_stats)
-    offcpu+=("$("$work/pingpong" "$trips")")
+    offcpu+=("$(pingpong "$trips")")
     read -r ns1 cnt1 < <(switch_stats)
     switch_ns=$((switch_ns + ns1 - ns0))
     switches=$((switches + cnt1 - cnt0))
@@ -76,7 +89,7 @@ done
 base=$(printf '%s\n' "${without[@]}" | median)
 loaded=$(printf '%s\n' "${with[@]}" | median)
 off=$(printf '%s\n' "${offcpu[@]}" | median)
-echo "pipe ping-pong, $trips round trips, $runs runs each (median):"
+echo "pipe ping-pong, $trips round trips, $runs runs each (median), threads on CPU(s) ${pin:-any}:"
 echo "  without profilerd:           $base round trips/s"
 echo "  with profilerd:              $loaded round trips/s"
 echo "  with profilerd --off-cpu $offcpu_args: $off round trips/s"

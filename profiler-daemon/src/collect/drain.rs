@@ -8,14 +8,13 @@
 
 use std::{collections::HashMap as StdHashMap, sync::Arc, time::Duration};
 
-use aya::maps::{Array, HashMap, MapData, MapError, PerCpuArray, RingBuf, StackTraceMap};
+use aya::maps::{Array, HashMap, IterableMap, MapData, MapError, PerCpuArray, RingBuf, StackTraceMap};
 use profiler_common::{
     CONTROL_GENERATION, Counter, MAX_STACK_DEPTH, SPILLED_STACK_ID_BASE, SampleKey, SampleValue,
     SpilledSample, UnwoundStack, Wait, maps, sample_kind,
 };
 
-use super::{CollectError, off_cpu::WaitTracker};
-use crate::error::Chain;
+use super::{CollectError, batch, off_cpu::WaitTracker};
 
 /// A perf_event program runs to completion in interrupt context in
 /// microseconds; this grace period also covers a vCPU being descheduled by
@@ -92,6 +91,12 @@ pub struct Drainer {
     /// The generation the sampler writes to now (its buffer: `& 1`).
     generation: u32,
     stack_ids: Vec<u32>,
+    /// Reused by every drain (batch reads).
+    count_keys: Vec<SampleKey>,
+    count_values: Vec<SampleValue>,
+    stack_keys: Vec<u32>,
+    unwound: Vec<UnwoundStack>,
+    wait_tids: Vec<u32>,
     waits: Option<(HashMap<MapData, u32, Wait>, WaitTracker, Vec<(u32, Wait)>)>,
 }
 
@@ -113,6 +118,11 @@ impl Drainer {
             spilled,
             generation: 0,
             stack_ids: Vec::new(),
+            count_keys: Vec::new(),
+            count_values: Vec::new(),
+            stack_keys: Vec::new(),
+            unwound: Vec::new(),
+            wait_tids: Vec::new(),
             waits: None,
         }
     }
@@ -141,33 +151,28 @@ impl Drainer {
             counters: self.read_counters()?,
             ..RawBatch::default()
         };
-        let counts = &mut self.counts[old];
-        for entry in counts.iter() {
-            match entry {
-                Ok((key, value)) => batch.samples.push(RawSample {
-                    key,
-                    count: value.count,
-                    ns: value.ns,
-                }),
-                Err(err) => {
-                    batch.read_errors += 1;
-                    tracing::debug!("reading {}: {}", maps::COUNTS[old], Chain(&err));
-                }
-            }
+        let (keys, values) = (&mut self.count_keys, &mut self.count_values);
+        if let Err(err) = batch::read_all(self.counts[old].map(), true, keys, values) {
+            batch.read_errors += 1;
+            tracing::debug!("reading {}: {err}", maps::COUNTS[old]);
         }
-        for sample in &batch.samples {
-            if let Err(err) = counts.remove(&sample.key) {
-                batch.read_errors += 1;
-                tracing::debug!("deleting from {}: {}", maps::COUNTS[old], Chain(&err));
-            }
-        }
+        batch
+            .samples
+            .extend(keys.iter().zip(values.iter()).map(|(&key, value)| RawSample {
+                key,
+                count: value.count,
+                ns: value.ns,
+            }));
         batch.read_errors += match &mut self.user_stacks {
             UserStackMaps::StackTraces(maps) => {
                 drain_stacks(&mut maps[old], &mut self.stack_ids, &mut batch.user_stacks)
             }
-            UserStackMaps::Unwound(maps) => {
-                drain_unwound(&mut maps[old], &mut self.stack_ids, &mut batch.user_stacks)
-            }
+            UserStackMaps::Unwound(maps) => drain_unwound(
+                &maps[old],
+                &mut self.stack_keys,
+                &mut self.unwound,
+                &mut batch.user_stacks,
+            ),
         };
         batch.read_errors += drain_stacks(
             &mut self.kernel_stacks[old],
@@ -176,16 +181,13 @@ impl Drainer {
         );
         self.drain_spilled(&mut batch, drained);
         if let Some((map, tracker, waits)) = &mut self.waits {
-            waits.clear();
-            for entry in map.iter() {
-                match entry {
-                    Ok(wait) => waits.push(wait),
-                    Err(err) => {
-                        batch.read_errors += 1;
-                        tracing::debug!("reading {}: {}", maps::OFF_CPU_WAITS, Chain(&err));
-                    }
-                }
+            let mut read = Vec::new();
+            if let Err(err) = batch::read_all(map.map(), false, &mut self.wait_tids, &mut read) {
+                batch.read_errors += 1;
+                tracing::debug!("reading {}: {err}", maps::OFF_CPU_WAITS);
             }
+            waits.clear();
+            waits.extend(self.wait_tids.iter().copied().zip(read));
             tracker.drained(&mut batch, drained, flipped_ns, waits);
         }
         Ok(batch)
@@ -277,25 +279,21 @@ fn drain_stacks(
 
 /// Reads and deletes every stack of an unwound-stacks map; returns the error count.
 fn drain_unwound(
-    map: &mut HashMap<MapData, u32, UnwoundStack>,
+    map: &HashMap<MapData, u32, UnwoundStack>,
     ids: &mut Vec<u32>,
+    stacks: &mut Vec<UnwoundStack>,
     out: &mut StdHashMap<u32, Arc<[u64]>>,
 ) -> u64 {
-    let mut errors = 0;
-    ids.clear();
-    ids.extend(map.keys().filter_map(|id| id.map_err(|_| errors += 1).ok()));
-    for id in ids.iter() {
-        match map.get(id, 0) {
-            Ok(stack) => {
-                let len = (stack.len as usize).min(MAX_STACK_DEPTH);
-                out.insert(*id, stack.frames[..len].into());
-            }
-            Err(MapError::KeyNotFound) => {}
-            Err(_) => errors += 1,
+    let errors = match batch::read_all(map.map(), true, ids, stacks) {
+        Ok(()) => 0,
+        Err(err) => {
+            tracing::debug!("reading an unwound-stacks map: {err}");
+            1
         }
-        if map.remove(id).is_err() {
-            errors += 1;
-        }
+    };
+    for (id, stack) in ids.iter().zip(stacks.iter()) {
+        let len = (stack.len as usize).min(MAX_STACK_DEPTH);
+        out.insert(*id, stack.frames[..len].into());
     }
     errors
 }

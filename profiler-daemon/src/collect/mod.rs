@@ -6,6 +6,7 @@
 //! [`unwind_tables::TableManager`] loads the CFI tables the sampler's own
 //! user-stack walk reads.
 
+mod batch;
 mod btf;
 mod drain;
 mod mapped_file;
