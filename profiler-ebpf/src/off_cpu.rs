@@ -230,10 +230,10 @@ fn stack_id(ctx: &RawTracePointContext, map: &StackTrace, flags: u64) -> i32 {
     match ctx.get_stackid(map, flags) {
         Ok(id) => id as i32,
         Err(err) => {
-            if -(err as i32) != EFAULT {
+            if -err != EFAULT {
                 bump(Counter::OffCpuStackLost);
             }
-            err as i32
+            err
         }
     }
 }

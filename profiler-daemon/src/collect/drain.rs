@@ -97,7 +97,15 @@ pub struct Drainer {
     stack_keys: Vec<u32>,
     unwound: Vec<UnwoundStack>,
     wait_tids: Vec<u32>,
-    waits: Option<(HashMap<MapData, u32, Wait>, WaitTracker, Vec<(u32, Wait)>)>,
+    waits: Option<Waits>,
+}
+
+/// Off-CPU: the waits map, its tracker, and the entries read at a drain.
+struct Waits {
+    map: HashMap<MapData, u32, Wait>,
+    tracker: WaitTracker,
+    read: Vec<Wait>,
+    entries: Vec<(u32, Wait)>,
 }
 
 impl Drainer {
@@ -129,7 +137,12 @@ impl Drainer {
 
     /// Off-CPU is on: waits still going on are read at every drain.
     pub(super) fn track_waits(&mut self, map: HashMap<MapData, u32, Wait>, sample_every: u64, min_ns: u64) {
-        self.waits = Some((map, WaitTracker::new(sample_every, min_ns), Vec::new()));
+        self.waits = Some(Waits {
+            map,
+            tracker: WaitTracker::new(sample_every, min_ns),
+            read: Vec::new(),
+            entries: Vec::new(),
+        });
     }
 
     /// Flips the buffers and returns everything the old one held.
@@ -180,15 +193,18 @@ impl Drainer {
             &mut batch.kernel_stacks,
         );
         self.drain_spilled(&mut batch, drained);
-        if let Some((map, tracker, waits)) = &mut self.waits {
-            let mut read = Vec::new();
-            if let Err(err) = batch::read_all(map.map(), false, &mut self.wait_tids, &mut read) {
+        if let Some(waits) = &mut self.waits {
+            if let Err(err) = batch::read_all(waits.map.map(), false, &mut self.wait_tids, &mut waits.read) {
                 batch.read_errors += 1;
                 tracing::debug!("reading {}: {err}", maps::OFF_CPU_WAITS);
             }
-            waits.clear();
-            waits.extend(self.wait_tids.iter().copied().zip(read));
-            tracker.drained(&mut batch, drained, flipped_ns, waits);
+            waits.entries.clear();
+            waits
+                .entries
+                .extend(self.wait_tids.iter().copied().zip(waits.read.iter().copied()));
+            waits
+                .tracker
+                .drained(&mut batch, drained, flipped_ns, &waits.entries);
         }
         Ok(batch)
     }

@@ -61,8 +61,11 @@ pub(super) struct WaitTracker {
     credited: StdHashMap<u32, Credited>,
     /// The previous drained batch's stacks and generation: waits that ended
     /// just after its flip carry its ids.
-    previous: Option<(u32, StdHashMap<u32, Arc<[u64]>>, StdHashMap<u32, Arc<[u64]>>)>,
+    previous: Option<PreviousStacks>,
 }
+
+/// A drained batch's stacks: (generation, user stacks, kernel stacks).
+type PreviousStacks = (u32, StdHashMap<u32, Arc<[u64]>>, StdHashMap<u32, Arc<[u64]>>);
 
 impl WaitTracker {
     pub(super) fn new(weight: u64, min_ns: u64) -> Self {
