@@ -11,6 +11,9 @@
 //! 4. Output: [`profile`] formats (folded stacks, pprof), written by
 //!    [`record`] or served over HTTP by [`serve`] in the [`daemon`].
 //!
+//! Every sample carries its [`kind`] (CPU, or an off-CPU wait) from the BPF
+//! key to the encoders; a profile type selects and names them.
+//!
 //! [`pipeline`] wires the stages together; [`supervise`] makes the end of
 //! any of them the end of the daemon.
 
