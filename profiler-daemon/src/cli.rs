@@ -7,6 +7,7 @@ use profiler_common::maps;
 
 use crate::{
     collect::{DEFAULT_MAX_OPEN_FILES, MapSizes, OffCpuOptions, SamplerOptions, UnwindMode},
+    kind::ProfileType,
     pipeline::{PipelineOptions, SymbolizerOptions},
     serve::{ListenAddress, connections::ConnectionLimits, scrape::ScrapeLimits},
     store::StoreConfig,
@@ -222,6 +223,11 @@ fn parse_unit(value: &str) -> Result<String, String> {
     }
 }
 
+/// `--type`: the names `?type=` takes.
+fn parse_profile_type(value: &str) -> Result<ProfileType, String> {
+    ProfileType::parse(value).ok_or_else(|| format!("expected {}", ProfileType::accepted()))
+}
+
 #[derive(Debug, Clone, Args)]
 pub struct RecordArgs {
     /// Only this process (repeatable). Without it, the whole system.
@@ -239,6 +245,11 @@ pub struct RecordArgs {
     pub output: PathBuf,
     #[arg(long, value_enum, default_value_t = Format::Folded)]
     pub format: Format,
+    /// What to profile: `cpu` (where threads run), `offcpu` (where they
+    /// wait: turns --off-cpu on) or `wall` (both). Folded and SVG output
+    /// count samples for cpu, nanoseconds for offcpu and wall.
+    #[arg(long = "type", default_value = "cpu", value_parser = parse_profile_type)]
+    pub profile_type: ProfileType,
     /// Members of this group (and root) see every process; any other local
     /// user sees only the processes they own.
     #[arg(long, default_value = crate::serve::access::DEFAULT_GROUP)]

@@ -106,6 +106,27 @@ impl ProfileType {
     pub fn time_name(self) -> &'static str {
         self.sample_types()[1].0
     }
+
+    /// What the profile measures, for people: titles and headers.
+    pub fn title(self) -> &'static str {
+        match self {
+            Self::Cpu => "CPU",
+            Self::OffCpu => "off-CPU",
+            Self::Wall => "wall-clock",
+        }
+    }
+
+    /// True when the views (flame graph, top, folded) count nanoseconds
+    /// rather than samples: waits have no fixed period, so only their time
+    /// adds up meaningfully (and wall adds CPU time to it).
+    pub fn counts_time(self) -> bool {
+        self != Self::Cpu
+    }
+
+    /// The accepted names, for messages: `cpu, offcpu or wall`.
+    pub fn accepted() -> &'static str {
+        "cpu, offcpu or wall"
+    }
 }
 
 impl fmt::Display for ProfileType {

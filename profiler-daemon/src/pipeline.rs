@@ -68,6 +68,9 @@ pub struct PipelineStatus {
     pub last_symbolize: Duration,
     /// Map entries that could not be read or deleted.
     pub map_read_errors: u64,
+    /// Off-CPU waits still going on at a drain whose stacks were gone by
+    /// then: counted without their stacks.
+    pub wait_stacks_lost: u64,
     /// Entries found in the counts, user-stack and kernel-stack maps at the last drain.
     pub map_entries: MapEntries,
     pub drain_seconds_total: f64,
@@ -134,6 +137,7 @@ pub struct Pipeline {
     threads: Vec<JoinHandle<()>>,
     cpus: usize,
     frequency: u64,
+    off_cpu: bool,
     map_sizes: MapSizes,
 }
 
@@ -144,6 +148,7 @@ impl Pipeline {
     pub fn start(options: PipelineOptions, stages: &StageReporter) -> Result<Self, PipelineError> {
         let (sampler, drainer, events, unwind_maps) = Sampler::start(&options.sampler)?;
         let cpus = sampler.cpus();
+        let off_cpu = sampler.off_cpu();
         let (store, store_task) = store::spawn(Store::new(options.store, options.sampler.frequency));
         stages.watch_task("store", store_task);
         let (status_tx, status) = watch::channel(PipelineStatus::default());
@@ -244,6 +249,7 @@ impl Pipeline {
             threads,
             cpus,
             frequency: options.sampler.frequency,
+            off_cpu,
             map_sizes: options.sampler.map_sizes,
         })
     }
@@ -290,6 +296,12 @@ impl Pipeline {
 
     pub fn frequency(&self) -> u64 {
         self.frequency
+    }
+
+    /// True when off-CPU waits are recorded (`--off-cpu`, and the kernel
+    /// allows it): off-CPU and wall profiles exist only then.
+    pub fn off_cpu(&self) -> bool {
+        self.off_cpu
     }
 
     /// Capacities of the BPF maps (per buffer).
@@ -446,6 +458,7 @@ fn symbolize_loop(
                     status.last_drain = drain_time;
                     status.last_symbolize = symbolize_time;
                     status.map_read_errors += batch.read_errors;
+                    status.wait_stacks_lost += batch.wait_stacks_lost;
                     status.map_entries = map_entries;
                     status.drain_seconds_total += drain_time.as_secs_f64();
                     status.symbolize_seconds_total += symbolize_time.as_secs_f64();

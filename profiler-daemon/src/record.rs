@@ -6,6 +6,7 @@ use profiler_common::Counter;
 
 use crate::{
     cli::{Format, RecordArgs},
+    kind::ProfileType,
     pipeline::{Pipeline, PipelineError, PipelineOptions, PipelineStatus},
     profile::{Profile, flamegraph, folded, pprof},
     store::{Filter, Query, StoreConfig, Visible, Window},
@@ -16,6 +17,8 @@ use crate::{
 pub enum RecordError {
     #[error("no process with pid {0}")]
     NoSuchProcess(u32),
+    #[error("--type {0} needs off-CPU profiling, which this kernel does not allow (see the warning above)")]
+    OffCpuUnavailable(ProfileType),
     #[error(transparent)]
     Pipeline(#[from] PipelineError),
     #[error("the sample store stopped unexpectedly")]
@@ -42,14 +45,22 @@ pub async fn run(args: RecordArgs) -> Result<(), RecordError> {
         ..StoreConfig::default()
     };
     let started_ms = crate::unix_now_ms();
-    let options = PipelineOptions {
+    let mut options = PipelineOptions {
         only_pids: args.pids.clone(),
         ..args.sampling.pipeline_options(store)
     };
+    let profile_type = args.profile_type;
+    // Waits are recorded only when asked for: an off-CPU or wall recording asks.
+    options.sampler.off_cpu.enabled |= profile_type != ProfileType::Cpu;
     // A stage that ends early is logged as it ends, and the drain below then
     // fails with "the pipeline has stopped".
     let supervisor = Supervisor::new();
     let pipeline = Pipeline::start(options, &supervisor.reporter())?;
+    if profile_type != ProfileType::Cpu && !pipeline.off_cpu() {
+        supervisor.stop();
+        pipeline.shutdown().await;
+        return Err(RecordError::OffCpuUnavailable(profile_type));
+    }
     let interrupted = tokio::select! {
         () = tokio::time::sleep(Duration::from_secs(args.seconds)) => false,
         _ = tokio::signal::ctrl_c() => true,
@@ -71,6 +82,7 @@ pub async fn run(args: RecordArgs) -> Result<(), RecordError> {
             filter: filter.clone(),
             // `record` runs as root, for root.
             visible: Visible::All,
+            profile_type,
         })
         .await?;
     let status = pipeline.status();
@@ -84,9 +96,18 @@ pub async fn run(args: RecordArgs) -> Result<(), RecordError> {
     } else {
         args.output.display().to_string()
     };
+    let what = match profile_type {
+        ProfileType::Cpu => format!("{} samples", profile.total_samples()),
+        other => format!(
+            "{} {} ({:.3} s of {} time)",
+            profile.total_samples(),
+            other.sample_types()[0].0,
+            profile.total_value() as f64 / 1e9,
+            other.title()
+        ),
+    };
     eprintln!(
-        "profilerd record: {} samples{} written to {destination} ({}, {frequency} Hz on {cpus} CPUs)",
-        profile.total_samples(),
+        "profilerd record: {what}{} written to {destination} ({}, {frequency} Hz on {cpus} CPUs)",
         if interrupted { " (interrupted)" } else { "" },
         clap::ValueEnum::to_possible_value(&args.format)
             .map_or_else(String::new, |value| value.get_name().to_owned()),
@@ -102,7 +123,7 @@ fn write_output(path: &Path, format: Format, filter: &Filter, profile: &Profile)
             Format::Folded => folded::write(profile, &mut out)?,
             Format::Pprof => out.write_all(&pprof::encode_gzip(profile)?)?,
             Format::Svg => {
-                let title = flamegraph::title(filter, &profile.window);
+                let title = flamegraph::title(profile.profile_type, filter, &profile.window);
                 flamegraph::write(profile, &title, false, &mut out)?;
             }
         }

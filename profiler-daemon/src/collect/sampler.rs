@@ -102,6 +102,7 @@ pub struct Sampler {
     ebpf: Ebpf,
     logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
     cpus: usize,
+    off_cpu: bool,
 }
 
 impl Sampler {
@@ -275,6 +276,7 @@ impl Sampler {
                 ebpf,
                 logger,
                 cpus: cpus.len(),
+                off_cpu: off_cpu_on,
             },
             drainer,
             events,
@@ -285,6 +287,11 @@ impl Sampler {
     /// Number of CPUs sampled.
     pub fn cpus(&self) -> usize {
         self.cpus
+    }
+
+    /// True when off-CPU waits are recorded: asked for, and possible here.
+    pub fn off_cpu(&self) -> bool {
+        self.off_cpu
     }
 
     /// Forwards pending BPF-side log records to the daemon's log.

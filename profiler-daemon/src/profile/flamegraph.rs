@@ -5,7 +5,10 @@ use std::io;
 use inferno::flamegraph::{self, Direction, Options, color::MultiPalette};
 
 use super::{Profile, folded};
-use crate::store::{Filter, Window};
+use crate::{
+    kind::ProfileType,
+    store::{Filter, Window},
+};
 
 /// Writes `profile` as an SVG flame graph (an icicle graph if `icicle`).
 /// Kernel frames (`_[k]`) are orange, C++/Rust `::` names yellow, others red.
@@ -23,7 +26,8 @@ pub fn write(profile: &Profile, title: &str, icicle: bool, out: &mut impl io::Wr
     options.title = title.to_owned();
     // The perl palette keys on the `_[k]` suffix folded lines carry.
     options.colors = flamegraph::color::Palette::Multi(MultiPalette::Perl);
-    options.count_name = "samples".to_owned();
+    // Off-CPU and wall frames are as wide as their nanoseconds.
+    options.count_name = profile.value_unit().to_owned();
     // Colours follow names, so one function keeps its colour across refreshes.
     options.hash = true;
     if icicle {
@@ -33,8 +37,8 @@ pub fn write(profile: &Profile, title: &str, icicle: bool, out: &mut impl io::Wr
 }
 
 /// "CPU: pid 42, comm nginx — 10.0 s from 2026-11-22 12:00:00 UTC": which
-/// processes and which window.
-pub fn title(filter: &Filter, window: &Window) -> String {
+/// kind of time ("off-CPU: ..."), which processes and which window.
+pub fn title(profile_type: ProfileType, filter: &Filter, window: &Window) -> String {
     let list = |ids: &[u32]| ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
     let mut who = Vec::new();
     if !filter.pids.is_empty() {
@@ -62,7 +66,8 @@ pub fn title(filter: &Filter, window: &Window) -> String {
     };
     let seconds = window.duration_ms() as f64 / 1000.0;
     format!(
-        "CPU: {who} — {seconds:.1} s from {}",
+        "{}: {who} — {seconds:.1} s from {}",
+        profile_type.title(),
         utc_time(window.start_ms / 1000)
     )
 }

@@ -1,6 +1,8 @@
-//! Folded stacks, as stackcollapse-perf writes them: `comm;root;...;leaf COUNT`,
+//! Folded stacks, as stackcollapse-perf writes them: `comm;root;...;leaf VALUE`,
 //! kernel frames suffixed `_[k]`, inlined ones `_[i]`; one line per distinct
-//! stack, sorted, so the output is stable and diffable.
+//! stack, sorted, so the output is stable and diffable. VALUE is
+//! [`Profile::value`]: samples for CPU profiles, nanoseconds for off-CPU and
+//! wall ones.
 
 use std::{collections::BTreeMap, io};
 
@@ -22,11 +24,11 @@ pub fn folded_stack(sample: &SymbolizedSample) -> String {
     line
 }
 
-/// Folded lines with their counts, merged and sorted.
+/// Folded lines with their values, merged and sorted.
 pub fn folded_lines(profile: &Profile) -> BTreeMap<String, u64> {
     let mut lines = BTreeMap::new();
     for sample in &profile.samples {
-        *lines.entry(folded_stack(sample)).or_default() += sample.count;
+        *lines.entry(folded_stack(sample)).or_default() += profile.value(sample);
     }
     lines
 }
@@ -49,6 +51,7 @@ mod tests {
 
     use super::*;
     use crate::{
+        kind::{ProfileType, SampleKind},
         store::Window,
         symbolize::{Function, Line, Location, SymbolizedStack},
     };
@@ -84,6 +87,7 @@ mod tests {
             .into(),
         });
         let sample = |tid, count| SymbolizedSample {
+            kind: SampleKind::Cpu,
             pid: 7,
             tid,
             comm: "zero reader".into(),
@@ -91,20 +95,30 @@ mod tests {
             thread_name: "t".into(),
             stack: stack.clone(),
             count,
-            cpu_ns: 0,
+            ns: count * 1_000,
             cgroup: None,
             ns_pid: None,
         };
-        let profile = Profile {
+        let mut profile = Profile {
             window: Window::ALL,
             frequency: 99,
+            profile_type: ProfileType::Cpu,
             samples: vec![sample(7, 3), sample(8, 4)],
         };
-        let mut out = Vec::new();
-        write(&profile, &mut out).expect("writing to a Vec");
+        let folded = |profile: &Profile| {
+            let mut out = Vec::new();
+            write(profile, &mut out).expect("writing to a Vec");
+            String::from_utf8(out).expect("utf-8")
+        };
         assert_eq!(
-            String::from_utf8(out).expect("utf-8"),
+            folded(&profile),
             "zero reader;main;read_loop;inlined:helper_[i];read_zero_[k] 7\n"
+        );
+        profile.profile_type = ProfileType::OffCpu;
+        assert_eq!(
+            folded(&profile),
+            "zero reader;main;read_loop;inlined:helper_[i];read_zero_[k] 7000\n",
+            "off-CPU lines count nanoseconds"
         );
     }
 }

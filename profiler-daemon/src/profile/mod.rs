@@ -6,7 +6,7 @@ pub mod folded;
 pub mod pprof;
 pub mod top;
 
-use crate::{store::Window, symbolize::SymbolizedSample};
+use crate::{kind::ProfileType, store::Window, symbolize::SymbolizedSample};
 
 /// Samples aggregated over a window, one per distinct
 /// (pid, tid, comm, thread name, stack).
@@ -16,11 +16,38 @@ pub struct Profile {
     pub window: Window,
     /// Samples per second per CPU the sampler ran at.
     pub frequency: u64,
+    /// Which kinds of samples it holds (the store keeps only those), and so
+    /// the schema its encoders write.
+    pub profile_type: ProfileType,
     pub samples: Vec<SymbolizedSample>,
 }
 
 impl Profile {
+    /// Samples, or waits, or both (wall): the count-like value.
     pub fn total_samples(&self) -> u64 {
         self.samples.iter().map(|sample| sample.count).sum()
+    }
+
+    /// What the views add up for `sample`: samples for a CPU profile,
+    /// nanoseconds for the others (see [`ProfileType::counts_time`]).
+    pub fn value(&self, sample: &SymbolizedSample) -> u64 {
+        if self.profile_type.counts_time() {
+            sample.ns
+        } else {
+            sample.count
+        }
+    }
+
+    pub fn total_value(&self) -> u64 {
+        self.samples.iter().map(|sample| self.value(sample)).sum()
+    }
+
+    /// The unit of [`Profile::value`]: `samples` or `ns`.
+    pub fn value_unit(&self) -> &'static str {
+        if self.profile_type.counts_time() {
+            "ns"
+        } else {
+            "samples"
+        }
     }
 }

@@ -1,11 +1,18 @@
 //! pprof (`profile.proto`) encoding of a [`Profile`], gzipped as served.
 //!
-//! Conventions followed (see the project notes on pprof): sample types
-//! `[samples/count, cpu/nanoseconds]`, ids 1..N in table order (Parca rejects
-//! anything else), `string_table[0] == ""`, locations leaf first, lines
-//! innermost first, and string labels `pid`, `comm`, `thread_id`,
-//! `thread_name` on every sample; `cgroup`, `unit`, `container_id` and
+//! Conventions followed (see the project notes on pprof): sample types from
+//! the profile's type ([`ProfileType::sample_types`]): `[samples/count,
+//! cpu/nanoseconds]` for CPU, `[events/count, off_cpu/nanoseconds]` for
+//! off-CPU, `[samples/count, wall/nanoseconds]` for wall; ids 1..N in table
+//! order (Parca rejects anything else), `string_table[0] == ""`, locations
+//! leaf first, lines innermost first, and string labels `pid`, `comm`,
+//! `thread_id`, `thread_name` on every sample; `wait` (`blocked` or
+//! `runnable`) on off-CPU samples; `cgroup`, `unit`, `container_id` and
 //! `ns_pid` on the samples that have one.
+//!
+//! The period: a CPU profile's is the sampling period (`cpu/nanoseconds`,
+//! 1e9 / frequency). Waits have none (each is timed whole), so off-CPU and
+//! wall profiles say `period_type` = their time value, `period` = 1 ns.
 
 mod builder;
 pub mod proto;
@@ -16,6 +23,7 @@ use flate2::{Compression, write::GzEncoder};
 use prost::Message;
 
 use super::Profile;
+use crate::kind::ProfileType;
 use builder::Builder;
 
 const NANOS_PER_SECOND: u64 = 1_000_000_000;
@@ -44,18 +52,19 @@ pub fn period_nanos(frequency: u64) -> i64 {
 /// The pprof message for `profile`.
 pub fn build(profile: &Profile) -> proto::Profile {
     let mut builder = Builder::default();
-    let period = period_nanos(profile.frequency);
-    let cpu_nanoseconds = proto::ValueType {
-        r#type: builder.string("cpu"),
-        unit: builder.string("nanoseconds"),
+    let [count_type, time_type] =
+        profile
+            .profile_type
+            .sample_types()
+            .map(|(r#type, unit)| proto::ValueType {
+                r#type: builder.string(r#type),
+                unit: builder.string(unit),
+            });
+    let period = match profile.profile_type {
+        ProfileType::Cpu => period_nanos(profile.frequency),
+        ProfileType::OffCpu | ProfileType::Wall => 1,
     };
-    let sample_type = vec![
-        proto::ValueType {
-            r#type: builder.string("samples"),
-            unit: builder.string("count"),
-        },
-        cpu_nanoseconds,
-    ];
+    let sample_type = vec![count_type, time_type];
     let keys = LabelKeys {
         pid: builder.string("pid"),
         comm: builder.string("comm"),
@@ -77,6 +86,10 @@ pub fn build(profile: &Profile) -> proto::Profile {
             builder.number_label(keys.thread_id, sample.tid),
             builder.label(keys.thread_name, &sample.thread_name),
         ];
+        if let Some(wait) = sample.kind.wait_label() {
+            let key = builder.string("wait");
+            label.push(builder.label(key, wait));
+        }
         // Keys interned when first used: profiles without them stay as they were.
         if let Some(cgroup) = &sample.cgroup {
             let key = builder.string("cgroup");
@@ -96,7 +109,7 @@ pub fn build(profile: &Profile) -> proto::Profile {
         }
         samples.push(proto::Sample {
             location_id,
-            // Measured CPU time (see SymbolizedSample::cpu_ns), not count × period.
+            // Measured time (CPU time, or the time waited), not count × period.
             value: vec![count, to_i64(sample.ns)],
             label,
         });
@@ -113,7 +126,7 @@ pub fn build(profile: &Profile) -> proto::Profile {
         // Window times are Unix milliseconds (the store's buckets are drains).
         time_nanos: to_i64(window.start_ms.saturating_mul(1_000_000)),
         duration_nanos: to_i64(window.duration_ms().saturating_mul(1_000_000)),
-        period_type: Some(cpu_nanoseconds),
+        period_type: Some(time_type),
         period,
         ..proto::Profile::default()
     }
@@ -132,3 +145,5 @@ struct LabelKeys {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod type_tests;

@@ -1,6 +1,7 @@
 //! The hottest functions, like `perf report --no-children` plus inclusive
 //! columns: self = the sample's leaf function, total = anywhere in its stack
-//! (once per sample, however deep the recursion).
+//! (once per sample, however deep the recursion). Counted in the profile's
+//! value ([`Profile::value`]): samples for CPU, nanoseconds for off-CPU and wall.
 
 use std::{collections::HashMap, sync::Arc};
 
@@ -13,31 +14,35 @@ use crate::symbolize::{FrameKind, SymbolizedStack};
 pub struct FunctionCost {
     /// The function's name; kernel functions end in ` [k]`.
     pub name: String,
-    /// Samples whose leaf is this function.
+    /// The value of the samples whose leaf is this function.
     #[serde(rename = "self")]
-    pub self_samples: u64,
-    /// Samples with this function anywhere in their stack.
+    pub self_value: u64,
+    /// The value of the samples with this function anywhere in their stack.
     #[serde(rename = "total")]
-    pub total_samples: u64,
-    pub self_cpu_ns: u64,
-    pub total_cpu_ns: u64,
+    pub total_value: u64,
+    /// CPU profiles only (their values are samples): the measured CPU time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub self_cpu_ns: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub total_cpu_ns: Option<u64>,
 }
 
-/// Functions sorted by self samples (then total, then name), at most `limit`.
+/// Functions sorted by self value (then total, then name), at most `limit`.
 pub fn top(profile: &Profile, limit: usize) -> Vec<FunctionCost> {
     // Samples of many threads and drains share one interned stack: walk each
-    // distinct stack once, with its summed count and CPU time.
+    // distinct stack once, with its summed value and time.
     let mut stacks: HashMap<*const SymbolizedStack, (&SymbolizedStack, u64, u64)> = HashMap::new();
     for sample in &profile.samples {
         let entry = stacks
             .entry(Arc::as_ptr(&sample.stack))
             .or_insert((&sample.stack, 0, 0));
-        entry.1 += sample.count;
+        entry.1 += profile.value(sample);
         entry.2 += sample.ns;
     }
+    let cpu_ns = |ns| (!profile.profile_type.counts_time()).then_some(ns);
     let mut costs: HashMap<String, FunctionCost> = HashMap::new();
     let mut names: Vec<String> = Vec::new();
-    for (stack, count, cpu_ns) in stacks.into_values() {
+    for (stack, value, ns) in stacks.into_values() {
         names.clear();
         names.extend(
             stack
@@ -46,23 +51,23 @@ pub fn top(profile: &Profile, limit: usize) -> Vec<FunctionCost> {
         );
         if let Some(leaf) = names.last() {
             let cost = cost_of(&mut costs, leaf.clone());
-            cost.self_samples += count;
-            cost.self_cpu_ns += cpu_ns;
+            cost.self_value += value;
+            cost.self_cpu_ns = cpu_ns(cost.self_cpu_ns.unwrap_or(0) + ns);
         }
         // A recursive function is on the stack once for this sample's purposes.
         names.sort_unstable();
         names.dedup();
         for name in names.drain(..) {
             let cost = cost_of(&mut costs, name);
-            cost.total_samples += count;
-            cost.total_cpu_ns += cpu_ns;
+            cost.total_value += value;
+            cost.total_cpu_ns = cpu_ns(cost.total_cpu_ns.unwrap_or(0) + ns);
         }
     }
     let mut costs: Vec<FunctionCost> = costs.into_values().collect();
     costs.sort_by(|a, b| {
-        b.self_samples
-            .cmp(&a.self_samples)
-            .then(b.total_samples.cmp(&a.total_samples))
+        b.self_value
+            .cmp(&a.self_value)
+            .then(b.total_value.cmp(&a.total_value))
             .then(a.name.cmp(&b.name))
     });
     costs.truncate(limit);
@@ -85,23 +90,30 @@ fn display_name(name: &str, kind: FrameKind) -> String {
 
 /// A text table, `perf report` style.
 pub fn table(profile: &Profile, costs: &[FunctionCost]) -> String {
-    let total: u64 = profile.total_samples().max(1);
+    let total_value = profile.total_value();
+    let total = total_value.max(1);
+    let what = if profile.profile_type.counts_time() {
+        format!(
+            "{total_value} ns of {} time ({:.3} s), in nanoseconds",
+            profile.profile_type.title(),
+            total_value as f64 / 1e9
+        )
+    } else {
+        format!("{total_value} samples")
+    };
+    // Nanosecond columns are wider than sample counts.
+    let width = total_value.to_string().len().max(8);
     let mut out = format!(
-        "# {} samples; self = leaf function, total = anywhere in the stack\n{:>8} {:>8} {:>8} {:>8}  {}\n",
-        profile.total_samples(),
-        "self%",
-        "total%",
-        "self",
-        "total",
-        "function"
+        "# {what}; self = leaf function, total = anywhere in the stack\n{:>8} {:>8} {:>width$} {:>width$}  {}\n",
+        "self%", "total%", "self", "total", "function"
     );
     for cost in costs {
         out.push_str(&format!(
-            "{:>7.2}% {:>7.2}% {:>8} {:>8}  {}\n",
-            cost.self_samples as f64 * 100.0 / total as f64,
-            cost.total_samples as f64 * 100.0 / total as f64,
-            cost.self_samples,
-            cost.total_samples,
+            "{:>7.2}% {:>7.2}% {:>width$} {:>width$}  {}\n",
+            cost.self_value as f64 * 100.0 / total as f64,
+            cost.total_value as f64 * 100.0 / total as f64,
+            cost.self_value,
+            cost.total_value,
             printable(&cost.name)
         ));
     }
@@ -128,6 +140,7 @@ mod tests {
 
     use super::*;
     use crate::{
+        kind::{ProfileType, SampleKind},
         store::Window,
         symbolize::{Function, Line, Location, SymbolizedSample, SymbolizedStack},
     };
@@ -159,9 +172,11 @@ mod tests {
         Profile {
             window: Window::ALL,
             frequency: 99,
+            profile_type: ProfileType::Cpu,
             samples: samples
                 .into_iter()
                 .map(|(stack, count)| SymbolizedSample {
+                    kind: SampleKind::Cpu,
                     pid: 1,
                     tid: 1,
                     comm: "w".into(),
@@ -169,7 +184,7 @@ mod tests {
                     thread_name: "w".into(),
                     stack,
                     count,
-                    cpu_ns: count * 10,
+                    ns: count * 10,
                     cgroup: None,
                     ns_pid: None,
                 })
@@ -195,21 +210,17 @@ mod tests {
         let costs = top(&profile, 10);
         let get = |name: &str| costs.iter().find(|c| c.name == name).cloned().unwrap_or_default();
         assert_eq!(costs[0].name, "hot_a", "sorted by self: {costs:?}");
-        assert_eq!((get("hot_a").self_samples, get("hot_a").total_samples), (3, 3));
+        assert_eq!((get("hot_a").self_value, get("hot_a").total_value), (3, 3));
         assert_eq!(
             (
-                get("main").self_samples,
-                get("main").total_samples,
+                get("main").self_value,
+                get("main").total_value,
                 get("main").total_cpu_ns
             ),
-            (0, 5, 50)
+            (0, 5, Some(50))
         );
-        assert_eq!(
-            get("recurse").total_samples,
-            2,
-            "recursion counts once per sample"
-        );
-        assert_eq!(get("read_zero [k]").self_samples, 2, "kernel frames are marked");
+        assert_eq!(get("recurse").total_value, 2, "recursion counts once per sample");
+        assert_eq!(get("read_zero [k]").self_value, 2, "kernel frames are marked");
         assert_eq!(top(&profile, 2).len(), 2, "limit applies");
     }
 
@@ -226,13 +237,42 @@ mod tests {
             .unwrap_or_default();
         assert_eq!(
             (
-                leaf.self_samples,
-                leaf.total_samples,
+                leaf.self_value,
+                leaf.total_value,
                 leaf.self_cpu_ns,
                 leaf.total_cpu_ns
             ),
-            (10, 10, 100, 100)
+            (10, 10, Some(100), Some(100))
         );
+    }
+
+    #[test]
+    fn off_cpu_functions_cost_nanoseconds() {
+        use FrameKind::User;
+        let mut profile = profile(vec![
+            (stack(&[("poll", User), ("main", User)]), 3),
+            (stack(&[("main", User)]), 1),
+        ]);
+        profile.profile_type = ProfileType::OffCpu;
+        let costs = top(&profile, 10);
+        assert_eq!(
+            costs[1],
+            FunctionCost {
+                name: "main".into(),
+                self_value: 10,
+                total_value: 40,
+                self_cpu_ns: None,
+                total_cpu_ns: None,
+            },
+            "self and total are waited ns (10 per wait here), sorted by self: {costs:?}"
+        );
+        let table = table(&profile, &costs);
+        assert!(
+            table.starts_with("# 40 ns of off-CPU time (0.000 s), in nanoseconds;"),
+            "{table}"
+        );
+        let json = serde_json::to_value(&costs[0]).expect("serializable");
+        assert_eq!(json, serde_json::json!({"name": "poll", "self": 30, "total": 30}));
     }
 
     #[test]
@@ -284,10 +324,10 @@ mod tests {
     fn json_names_follow_the_documented_schema() {
         let cost = FunctionCost {
             name: "f".into(),
-            self_samples: 1,
-            total_samples: 2,
-            self_cpu_ns: 3,
-            total_cpu_ns: 4,
+            self_value: 1,
+            total_value: 2,
+            self_cpu_ns: Some(3),
+            total_cpu_ns: Some(4),
         };
         let json = serde_json::to_value(&cost).expect("serializable");
         assert_eq!(

@@ -16,9 +16,14 @@ use super::{
     params::{self, Limits, ParamError, ProfileParams},
     scrape::{Format, key::ShareKey},
 };
-use crate::store::{StoreClosed, Visible, Window};
+use crate::{
+    kind::ProfileType,
+    store::{StoreClosed, Visible, Window},
+};
 
-/// Go profiles that a CPU profiler does not have; answered 404 at once.
+/// Go profiles that this profiler does not have; answered 404 at once.
+/// `block` and `mutex` stay here with off-CPU on: Go's mean contention
+/// events of its own runtime, not where threads sleep in the kernel.
 pub(super) const UNSUPPORTED_GO_PROFILES: [&str; 7] = [
     "allocs",
     "heap",
@@ -53,6 +58,10 @@ pub(super) async fn recent(
     visible: Visible,
     format: Format,
 ) -> Result<Response, HttpError> {
+    // /threads reports every kind, whether off-CPU is on or not.
+    if format != Format::Threads {
+        state.check_type(params.profile_type)?;
+    }
     let now_ms = state.scrapes.drained(&state.pipeline).await?;
     super::cgroup_filter::resolve(state, &mut params.filter, visible).await?;
     let window = Window::last(params.seconds, now_ms);
@@ -62,17 +71,22 @@ pub(super) async fn recent(
         };
         // A process that exited within the window still has its samples.
         let store = state.pipeline.store();
-        if !store.has_pid(pid, window, visible).await.map_err(store_closed)? {
+        if !store
+            .has_pid(pid, window, visible, params.profile_type)
+            .await
+            .map_err(store_closed)?
+        {
             return Err(HttpError::new(
                 StatusCode::NOT_FOUND,
                 format!(
-                    "{reason}, and it has no samples in the last {} seconds",
+                    "{reason}, and it has no {} samples in the last {} seconds",
+                    params.profile_type.title(),
                     params.seconds
                 ),
             ));
         }
     }
-    let key = ShareKey::new(window, params.filter, visible, format);
+    let key = ShareKey::new(window, params.filter, visible, params.profile_type, format);
     let answer = state.scrapes.answer(state.pipeline.store(), key).await?;
     Ok(answer.into_response())
 }
@@ -84,7 +98,36 @@ pub(super) async fn go_profile(
     Viewer(visible): Viewer,
     RawQuery(query): RawQuery,
 ) -> Result<Response, HttpError> {
-    let mut params = params::parse_go_profile(query.as_deref(), &state.limits())?;
+    go_typed(state, visible, query, ProfileType::Cpu).await
+}
+
+/// `GET /debug/pprof/offcpu`: as `/debug/pprof/profile`, off-CPU.
+pub(super) async fn go_offcpu(
+    State(state): State<ServeState>,
+    Viewer(visible): Viewer,
+    RawQuery(query): RawQuery,
+) -> Result<Response, HttpError> {
+    go_typed(state, visible, query, ProfileType::OffCpu).await
+}
+
+/// `GET /debug/pprof/wall`: as `/debug/pprof/profile`, wall-clock.
+pub(super) async fn go_wall(
+    State(state): State<ServeState>,
+    Viewer(visible): Viewer,
+    RawQuery(query): RawQuery,
+) -> Result<Response, HttpError> {
+    go_typed(state, visible, query, ProfileType::Wall).await
+}
+
+async fn go_typed(
+    state: ServeState,
+    visible: Visible,
+    query: Option<String>,
+    profile_type: ProfileType,
+) -> Result<Response, HttpError> {
+    let mut params = params::parse_go_profile(query.as_deref(), &state.limits(), profile_type)?;
+    // At once, not after blocking `seconds` for nothing.
+    state.check_type(profile_type)?;
     // Only a running process can be sampled in a window that starts now.
     if let Some(Err(reason)) = params
         .filter
@@ -105,7 +148,7 @@ pub(super) async fn go_profile(
     // with it their answer.
     let until_ms = state.scrapes.drained_after(&state.pipeline, after_ms).await?;
     let window = Window::between_drains(after_ms, until_ms);
-    let key = ShareKey::new(window, params.filter, visible, Format::Pprof);
+    let key = ShareKey::new(window, params.filter, visible, profile_type, Format::Pprof);
     let answer = state.scrapes.answer(state.pipeline.store(), key).await?;
     Ok(answer.into_response())
 }
@@ -115,7 +158,7 @@ pub(super) async fn unsupported(uri: Uri) -> HttpError {
     HttpError::new(
         StatusCode::NOT_FOUND,
         format!(
-            "{}: profilerd serves CPU profiles only: /debug/pprof/profile?seconds=N or /pprof?pid=P&seconds=N",
+            "{}: profilerd serves CPU, off-CPU and wall-clock profiles only: /debug/pprof/profile, /debug/pprof/offcpu or /debug/pprof/wall?seconds=N, or /pprof?pid=P&seconds=N&type=cpu|offcpu|wall",
             uri.path()
         ),
     )
@@ -137,6 +180,20 @@ impl ServeState {
             pid_max: read_pid_max(),
             max_seconds: self.max_seconds,
         }
+    }
+
+    /// Off-CPU and wall profiles need off-CPU profiling on: without it they
+    /// would be empty (or CPU only) and look like threads never wait.
+    pub(super) fn check_type(&self, profile_type: ProfileType) -> Result<(), HttpError> {
+        if profile_type == ProfileType::Cpu || self.pipeline.off_cpu() {
+            return Ok(());
+        }
+        Err(HttpError::new(
+            StatusCode::CONFLICT,
+            format!(
+                "type {profile_type}: off-CPU profiling is off in this daemon; start profilerd with --off-cpu (config file: off_cpu = true); if it was given, the log says why it is off"
+            ),
+        ))
     }
 }
 

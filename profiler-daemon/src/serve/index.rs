@@ -1,7 +1,11 @@
 //! `GET /`: an HTML page of the processes sampled in the last N seconds,
-//! each linking to its views. Same filters, window and errors as `/pprof`.
+//! each linking to its views. Same filters, window, `type` and errors as
+//! `/pprof`.
 
-use std::fmt::Write as _;
+use std::{
+    collections::{BTreeMap, HashMap},
+    fmt::Write as _,
+};
 
 use axum::{
     extract::{RawQuery, State},
@@ -17,6 +21,7 @@ use super::{
     threads::{self, ProcessReport},
 };
 use crate::{
+    kind::ProfileType,
     profile::{
         Profile,
         flamegraph::{escape_xml, title},
@@ -34,109 +39,202 @@ pub(super) async fn index(
 ) -> Result<Response, HttpError> {
     let params = params::parse_pprof(query.as_deref(), &state.limits())?;
     let seconds = params.seconds;
-    recent(&state, params, visible, Format::Index { seconds }).await
+    let off_cpu = state.pipeline.off_cpu();
+    recent(&state, params, visible, Format::Index { seconds, off_cpu }).await
 }
 
-/// The processes sampled in the window, busiest first. Every process and
-/// thread name comes from an arbitrary process and is escaped; nothing is
-/// loaded from elsewhere (the page works offline and leaks nothing).
-pub fn page(profile: &Profile, filter: &Filter, seconds: u64) -> String {
+/// The processes sampled in the window, busiest first (in the profile
+/// type's time), with links to switch type when off-CPU profiling is on.
+/// Every process and thread name comes from an arbitrary process and is
+/// escaped; nothing is loaded from elsewhere (the page works offline and
+/// leaks nothing).
+pub fn page(profile: &Profile, filter: &Filter, seconds: u64, off_cpu: bool) -> String {
+    let profile_type = profile.profile_type;
     let report = threads::report(profile);
-    let units = units_table(&report.processes, profile, seconds);
-    let mut rows = String::new();
-    for process in &report.processes {
-        row(&mut rows, process, profile, seconds);
+    let mut counts: HashMap<u32, u64> = HashMap::new();
+    for sample in &profile.samples {
+        *counts.entry(sample.pid).or_default() += sample.count;
     }
-    if report.processes.is_empty() {
+    let mut processes: Vec<&ProcessReport> = report.processes.iter().collect();
+    processes.sort_by(|a, b| {
+        time_of(profile_type, b)
+            .cmp(&time_of(profile_type, a))
+            .then(a.pid.cmp(&b.pid))
+    });
+    let page = Page {
+        profile,
+        seconds,
+        type_query: match profile_type {
+            ProfileType::Cpu => String::new(),
+            other => format!("&amp;type={other}"),
+        },
+    };
+    let units = page.units_table(&processes);
+    let mut rows = String::new();
+    for process in &processes {
+        page.row(&mut rows, process, counts.get(&process.pid).copied().unwrap_or(0));
+    }
+    if processes.is_empty() {
         rows.push_str("<tr><td colspan=7>no samples in this window</td></tr>\n");
     }
+    let type_query = &page.type_query;
+    let what = profile_type.title();
     format!(
         "<!doctype html>\n<html><head><meta charset=utf-8><title>profilerd</title><style>\
          body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}\
          td,th{{padding:.3em .8em;border-bottom:1px solid #ddd;text-align:left}}.n{{text-align:right}}</style></head>\
-         <body><h1>profilerd</h1><p>{} ({} samples). \
-         CPU is measured in the kernel, as a share of one CPU: 100% is one CPU busy for the whole window.</p>\
-         <p><a href=\"/flamegraph.svg?seconds={seconds}\">whole-system flame graph</a> · \
-         <a href=\"/top?seconds={seconds}\">top</a> · <a href=\"/folded?seconds={seconds}\">folded</a> · \
+         <body><h1>profilerd</h1><p>{} ({} {}). {}</p>\n<p>{}</p>\
+         <p><a href=\"/flamegraph.svg?seconds={seconds}{type_query}\">whole-system flame graph</a> · \
+         <a href=\"/top?seconds={seconds}{type_query}\">top</a> · <a href=\"/folded?seconds={seconds}{type_query}\">folded</a> · \
          <a href=\"/metrics\">metrics</a></p>\n{units}\
-         <table><tr><th>pid</th><th>comm</th><th>unit</th><th class=n>CPU</th><th class=n>threads</th>\
-         <th class=n>samples</th><th></th></tr>\n{rows}</table></body></html>\n",
-        escape_xml(&title(filter, &profile.window)),
-        profile.total_samples()
+         <table><tr><th>pid</th><th>comm</th><th>unit</th><th class=n>{what}</th><th class=n>threads</th>\
+         <th class=n>{}</th><th></th></tr>\n{rows}</table></body></html>\n",
+        escape_xml(&title(profile_type, filter, &profile.window)),
+        profile.total_samples(),
+        profile_type.sample_types()[0].0,
+        explanation(profile_type),
+        type_links(profile_type, seconds, off_cpu),
+        profile_type.sample_types()[0].0,
     )
 }
 
-fn row(out: &mut String, process: &ProcessReport, profile: &Profile, seconds: u64) {
-    let window_ns = profile.window.duration_ms().max(1) as f64 * 1e6;
-    let share = process.cpu_ns as f64 * 100.0 / window_ns;
-    let mut names: Vec<&str> = process
-        .threads
-        .iter()
-        .take(MAX_THREAD_NAMES)
-        .map(|thread| &*thread.thread_name)
-        .collect();
-    if process.threads.len() > MAX_THREAD_NAMES {
-        names.push("...");
-    }
-    let pid = process.pid;
-    let links = ["flamegraph.svg", "top", "pprof"]
-        .iter()
-        .zip(["flame graph", "top", "pprof"])
-        .map(|(path, text)| format!("<a href=\"/{path}?pid={pid}&amp;seconds={seconds}\">{text}</a>"))
-        .collect::<Vec<_>>()
-        .join(" · ");
-    // Writing to a String cannot fail.
-    let _ = writeln!(
-        out,
-        "<tr><td>{pid}</td><td>{}</td><td>{}</td><td class=n>{share:.1}%</td>\
-         <td class=n title=\"{}\">{}</td><td class=n>{}</td><td>{links}</td></tr>",
-        escape_xml(&process.comm),
-        escape_xml(process.unit.as_deref().unwrap_or_default()),
-        escape_xml(&names.join(", ")),
-        process.threads.len(),
-        process.samples,
-    );
-}
-
-/// The processes grouped by unit, busiest unit first, each linking to its
-/// views; empty when no process has a unit.
-fn units_table(processes: &[ProcessReport], profile: &Profile, seconds: u64) -> String {
-    // unit -> (CPU ns, processes)
-    let mut units: std::collections::BTreeMap<&str, (u64, usize)> = std::collections::BTreeMap::new();
-    for process in processes {
-        if let Some(unit) = &process.unit {
-            let entry = units.entry(unit).or_default();
-            entry.0 += process.cpu_ns;
-            entry.1 += 1;
+/// What the time column means.
+fn explanation(profile_type: ProfileType) -> &'static str {
+    match profile_type {
+        ProfileType::Cpu => {
+            "CPU is measured in the kernel, as a share of one CPU: 100% is one CPU busy for the whole window."
+        }
+        ProfileType::OffCpu => {
+            "off-CPU is the time threads waited (blocked, or runnable for a CPU), as a share of one thread: 100% is one thread waiting for the whole window."
+        }
+        ProfileType::Wall => {
+            "wall-clock is CPU plus off-CPU time, as a share of one thread: 100% is one thread's whole window."
         }
     }
-    if units.is_empty() {
-        return String::new();
+}
+
+/// The type shown, and links to the others (or why there are none).
+fn type_links(shown: ProfileType, seconds: u64, off_cpu: bool) -> String {
+    if !off_cpu {
+        return "type: <b>CPU</b> · off-CPU and wall-clock profiles are off (start profilerd with --off-cpu)"
+            .to_owned();
     }
-    let mut units: Vec<_> = units.into_iter().collect();
-    units.sort_by(|a, b| b.1.0.cmp(&a.1.0).then(a.0.cmp(b.0)));
-    let window_ns = profile.window.duration_ms().max(1) as f64 * 1e6;
-    let mut out = String::from(
-        "<table><tr><th>unit</th><th class=n>CPU</th><th class=n>processes</th><th></th></tr>\n",
-    );
-    for (unit, (cpu_ns, count)) in units {
-        let share = cpu_ns as f64 * 100.0 / window_ns;
-        // `@` (templated and user units) is percent-encoded.
-        let query: String = form_urlencoded::byte_serialize(unit.as_bytes()).collect();
-        let links = ["flamegraph.svg", "top", "pprof"]
+    let links = ProfileType::ALL
+        .iter()
+        .map(|&profile_type| {
+            if profile_type == shown {
+                format!("<b>{}</b>", profile_type.title())
+            } else {
+                format!(
+                    "<a href=\"/?seconds={seconds}&amp;type={profile_type}\">{}</a>",
+                    profile_type.title()
+                )
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" · ");
+    format!("type: {links}")
+}
+
+/// A process's time in the profile's type.
+fn time_of(profile_type: ProfileType, process: &ProcessReport) -> u64 {
+    let times = &process.times;
+    match profile_type {
+        ProfileType::Cpu => times.cpu_ns,
+        ProfileType::OffCpu => times.off_cpu_ns,
+        ProfileType::Wall => times.cpu_ns + times.off_cpu_ns,
+    }
+}
+
+/// What every row and link shares.
+struct Page<'a> {
+    profile: &'a Profile,
+    seconds: u64,
+    /// `&amp;type=...`, empty for CPU (the default).
+    type_query: String,
+}
+
+impl Page<'_> {
+    /// `ns` as a share of the window.
+    fn share(&self, ns: u64) -> f64 {
+        let window_ns = self.profile.window.duration_ms().max(1) as f64 * 1e6;
+        ns as f64 * 100.0 / window_ns
+    }
+
+    /// Links to the views of `query` (`pid=7`).
+    fn links(&self, query: &str) -> String {
+        let (seconds, type_query) = (self.seconds, &self.type_query);
+        ["flamegraph.svg", "top", "pprof"]
             .iter()
             .zip(["flame graph", "top", "pprof"])
-            .map(|(path, text)| format!("<a href=\"/{path}?unit={query}&amp;seconds={seconds}\">{text}</a>"))
+            .map(|(path, text)| {
+                format!("<a href=\"/{path}?{query}&amp;seconds={seconds}{type_query}\">{text}</a>")
+            })
             .collect::<Vec<_>>()
-            .join(" · ");
+            .join(" · ")
+    }
+
+    fn row(&self, out: &mut String, process: &ProcessReport, count: u64) {
+        let share = self.share(time_of(self.profile.profile_type, process));
+        let mut names: Vec<&str> = process
+            .threads
+            .iter()
+            .take(MAX_THREAD_NAMES)
+            .map(|thread| &*thread.thread_name)
+            .collect();
+        if process.threads.len() > MAX_THREAD_NAMES {
+            names.push("...");
+        }
+        let pid = process.pid;
+        let links = self.links(&format!("pid={pid}"));
+        // Writing to a String cannot fail.
         let _ = writeln!(
             out,
-            "<tr><td>{}</td><td class=n>{share:.1}%</td><td class=n>{count}</td><td>{links}</td></tr>",
-            escape_xml(unit)
+            "<tr><td>{pid}</td><td>{}</td><td>{}</td><td class=n>{share:.1}%</td>\
+             <td class=n title=\"{}\">{}</td><td class=n>{count}</td><td>{links}</td></tr>",
+            escape_xml(&process.comm),
+            escape_xml(process.unit.as_deref().unwrap_or_default()),
+            escape_xml(&names.join(", ")),
+            process.threads.len(),
         );
     }
-    out.push_str("</table><p></p>\n");
-    out
+
+    /// The processes grouped by unit, busiest unit first, each linking to
+    /// its views; empty when no process has a unit.
+    fn units_table(&self, processes: &[&ProcessReport]) -> String {
+        let profile_type = self.profile.profile_type;
+        // unit -> (ns, processes)
+        let mut units: BTreeMap<&str, (u64, usize)> = BTreeMap::new();
+        for process in processes {
+            if let Some(unit) = &process.unit {
+                let entry = units.entry(unit).or_default();
+                entry.0 += time_of(profile_type, process);
+                entry.1 += 1;
+            }
+        }
+        if units.is_empty() {
+            return String::new();
+        }
+        let mut units: Vec<_> = units.into_iter().collect();
+        units.sort_by(|a, b| b.1.0.cmp(&a.1.0).then(a.0.cmp(b.0)));
+        let mut out = format!(
+            "<table><tr><th>unit</th><th class=n>{}</th><th class=n>processes</th><th></th></tr>\n",
+            profile_type.title()
+        );
+        for (unit, (ns, count)) in units {
+            let share = self.share(ns);
+            // `@` (templated and user units) is percent-encoded.
+            let query: String = form_urlencoded::byte_serialize(unit.as_bytes()).collect();
+            let links = self.links(&format!("unit={query}"));
+            let _ = writeln!(
+                out,
+                "<tr><td>{}</td><td class=n>{share:.1}%</td><td class=n>{count}</td><td>{links}</td></tr>",
+                escape_xml(unit)
+            );
+        }
+        out.push_str("</table><p></p>\n");
+        out
+    }
 }
 
 #[cfg(test)]
@@ -156,7 +254,9 @@ mod tests {
                 end_ms: 1_795_348_810_000,
             },
             frequency: 99,
+            profile_type: ProfileType::Cpu,
             samples: vec![SymbolizedSample {
+                kind: crate::kind::SampleKind::Cpu,
                 pid: 7,
                 tid: 8,
                 comm: comm.into(),
@@ -166,7 +266,7 @@ mod tests {
                     locations: Box::new([]),
                 }),
                 count: 10,
-                cpu_ns: 5_000_000_000,
+                ns: 5_000_000_000,
                 cgroup: Some(Arc::new(crate::cgroup::Cgroup::from_path(
                     "/system.slice/system-pg.slice/postgresql@16-main.service",
                 ))),
@@ -181,6 +281,7 @@ mod tests {
             &profile("<script>alert(1)</script>", "\"><img src=x onerror=alert(2)>"),
             &Filter::default(),
             10,
+            false,
         );
         assert!(!page.contains("<script>alert"), "{page}");
         assert!(!page.contains("<img"), "{page}");
@@ -190,7 +291,7 @@ mod tests {
 
     #[test]
     fn rows_show_cpu_share_threads_and_links() {
-        let page = page(&profile("worker", "worker"), &Filter::default(), 10);
+        let page = page(&profile("worker", "worker"), &Filter::default(), 10, false);
         assert!(
             page.contains("<td>7</td><td>worker</td><td>postgresql@16-main.service</td>"),
             "{page}"
@@ -219,7 +320,7 @@ mod tests {
 
     #[test]
     fn nothing_external_is_loaded() {
-        let page = page(&profile("worker", "worker"), &Filter::default(), 10);
+        let page = page(&profile("worker", "worker"), &Filter::default(), 10, false);
         for external in ["http:", "https:", "<script", "<link", "<img", "@import", "//"] {
             assert!(!page.contains(external), "{external} in {page}");
         }
@@ -231,6 +332,47 @@ mod tests {
             samples: Vec::new(),
             ..profile("x", "x")
         };
-        assert!(page(&empty, &Filter::default(), 10).contains("no samples in this window"));
+        assert!(page(&empty, &Filter::default(), 10, false).contains("no samples in this window"));
+    }
+
+    #[test]
+    fn the_type_is_shown_and_switchable_when_off_cpu_is_on() {
+        let cpu = page(&profile("worker", "worker"), &Filter::default(), 10, true);
+        assert!(
+            cpu.contains("type: <b>CPU</b> · <a href=\"/?seconds=10&amp;type=offcpu\">off-CPU</a> · <a href=\"/?seconds=10&amp;type=wall\">wall-clock</a>"),
+            "{cpu}"
+        );
+        let off = page(&profile("worker", "worker"), &Filter::default(), 10, false);
+        assert!(off.contains("start profilerd with --off-cpu"), "{off}");
+        assert!(
+            !off.contains("type=offcpu"),
+            "no links to profiles that are off: {off}"
+        );
+
+        let mut waits = profile("worker", "worker");
+        waits.profile_type = ProfileType::OffCpu;
+        waits.samples[0].kind = crate::kind::SampleKind::OffCpuBlocked;
+        waits.samples[0].ns = 2_500_000_000;
+        let page = page(&waits, &Filter::default(), 10, true);
+        assert!(
+            page.contains("<a href=\"/?seconds=10&amp;type=cpu\">CPU</a> · <b>off-CPU</b>"),
+            "{page}"
+        );
+        assert!(page.contains("off-CPU: all processes — 10.0 s"), "{page}");
+        assert!(
+            page.contains("<th class=n>off-CPU</th>") && page.contains("<th class=n>events</th>"),
+            "{page}"
+        );
+        assert!(
+            page.contains("<td class=n>25.0%</td>"),
+            "2.5 s waited in a 10 s window: {page}"
+        );
+        for link in [
+            "/flamegraph.svg?pid=7&amp;seconds=10&amp;type=offcpu",
+            "/pprof?pid=7&amp;seconds=10&amp;type=offcpu",
+            "/top?seconds=10&amp;type=offcpu",
+        ] {
+            assert!(page.contains(link), "{link} in {page}");
+        }
     }
 }

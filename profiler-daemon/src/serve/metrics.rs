@@ -145,7 +145,7 @@ impl Collector for Snapshot {
         labelled_counters(
             out,
             "samples_lost",
-            "Samples lost or degraded in BPF, by reason (see profiler-common's Counter)",
+            "Samples and off-CPU waits lost or degraded in BPF, by reason (see profiler-common's Counter; off_cpu_* reasons are waits)",
             "reason",
             &reasons,
         )?;
@@ -157,7 +157,7 @@ impl Collector for Snapshot {
         labelled_counters(
             out,
             "sampler_events",
-            "Normal sampler events (no data lost)",
+            "Normal sampler events (no data lost): unwinding outcomes, and with --off-cpu the context switches seen (off_cpu_switches), waits not sampled (off_cpu_unsampled), dropped as shorter than the minimum (off_cpu_short) and recorded (off_cpu_waits)",
             "event",
             &events,
         )?;
@@ -203,6 +203,12 @@ impl Collector for Snapshot {
             "map_read_errors",
             "BPF map entries that could not be read or deleted",
             status.map_read_errors,
+        )?;
+        counter(
+            out,
+            "off_cpu_wait_stacks_lost",
+            "Off-CPU waits still going on at a drain whose stacks were gone: counted without their stacks",
+            status.wait_stacks_lost,
         )?;
         let resolver = status.symbolizer.resolver;
         counter(

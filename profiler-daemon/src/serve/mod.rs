@@ -1,9 +1,11 @@
 //! The HTTP front door: pprof over axum.
 //!
-//! - `GET /pprof?pid=&tid=&comm=&seconds=`: the last N seconds from the store, at once.
+//! - `GET /pprof?pid=&tid=&comm=&seconds=&type=`: the last N seconds from the
+//!   store, at once; `type` = cpu (default), offcpu or wall.
 //! - `GET /debug/pprof/profile?seconds=N`: Go-compatible; blocks N seconds and
-//!   returns that window only.
-//! - `GET /threads?pid=&seconds=`: CPU time per thread and process, JSON.
+//!   returns that window only. `/debug/pprof/offcpu` and `/debug/pprof/wall`
+//!   do the same for the off-CPU and wall-clock profiles (with `--off-cpu`).
+//! - `GET /threads?pid=&seconds=`: CPU and off-CPU time per thread and process, JSON.
 //! - `GET /metrics`: Prometheus metrics of the daemon itself.
 //! - `GET /`, `/flamegraph.svg`, `/top`, `/folded`: views for people.
 //! - The other Go profile endpoints answer 404 at once, so scrapers that ask
@@ -98,6 +100,8 @@ pub fn router(state: ServeState) -> Router {
     let mut router = Router::new()
         .route("/pprof", get(handlers::pprof))
         .route("/debug/pprof/profile", get(handlers::go_profile))
+        .route("/debug/pprof/offcpu", get(handlers::go_offcpu))
+        .route("/debug/pprof/wall", get(handlers::go_wall))
         .route("/threads", get(threads::threads))
         .route("/metrics", get(metrics::metrics))
         .route("/", get(index::index))

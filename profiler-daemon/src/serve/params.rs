@@ -3,13 +3,22 @@
 
 use std::fmt;
 
-use crate::{cgroup, store::Filter};
+use crate::{cgroup, kind::ProfileType, store::Filter};
 
 /// Longer query strings are refused before parsing (no legitimate request
 /// comes close; a long one is a mistake or an attack).
 pub const MAX_QUERY_BYTES: usize = 4096;
 /// Parameters every profile endpoint accepts.
-const COMMON_PARAMETERS: [&str; 7] = ["pid", "tid", "comm", "unit", "cgroup", "container", "seconds"];
+const COMMON_PARAMETERS: [&str; 8] = [
+    "pid",
+    "tid",
+    "comm",
+    "unit",
+    "cgroup",
+    "container",
+    "seconds",
+    "type",
+];
 /// Bytes of a rejected value quoted back in an error message.
 const MAX_QUOTED: usize = 64;
 /// `/proc/PID/comm` of kernel workers can exceed TASK_COMM_LEN; nothing is longer.
@@ -32,6 +41,8 @@ pub struct Limits {
 pub struct ProfileParams {
     pub seconds: u64,
     pub filter: Filter,
+    /// `type=`; the Go paths say it by their name instead.
+    pub profile_type: ProfileType,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -91,11 +102,19 @@ pub fn parse_with_options(
     parse(query, limits, Mode::Strict, options)
 }
 
-/// `/debug/pprof/profile`: as Go's handler, a missing, unparsable or
-/// non-positive `seconds` means 30, and unknown parameters are ignored;
-/// seconds beyond the retention and bad filters are still errors.
-pub fn parse_go_profile(query: Option<&str>, limits: &Limits) -> Result<ProfileParams, ParamError> {
-    parse(query, limits, Mode::Go, &[]).map(|(params, _)| params)
+/// `/debug/pprof/profile` (and `offcpu`, `wall`): as Go's handler, a
+/// missing, unparsable or non-positive `seconds` means 30, and unknown
+/// parameters are ignored (`type` too: the path names the profile); seconds
+/// beyond the retention and bad filters are still errors.
+pub fn parse_go_profile(
+    query: Option<&str>,
+    limits: &Limits,
+    profile_type: ProfileType,
+) -> Result<ProfileParams, ParamError> {
+    parse(query, limits, Mode::Go, &[]).map(|(params, _)| ProfileParams {
+        profile_type,
+        ..params
+    })
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -117,6 +136,7 @@ fn parse(
     }
     let mut filter = Filter::default();
     let mut seconds: Option<u64> = None;
+    let mut profile_type: Option<ProfileType> = None;
     for (name, value) in form_urlencoded::parse(query.as_bytes()) {
         match &*name {
             "pid" => push_ids(&mut filter.pids, "pid", "process", &value, limits)?,
@@ -142,6 +162,20 @@ fn parse(
                 Mode::Go if seconds.is_some() => {}
                 Mode::Go => seconds = Some(parse_go_seconds(&value, limits)?),
             },
+            "type" if mode == Mode::Strict => {
+                if profile_type.is_some() {
+                    return Err(ParamError::Invalid {
+                        name: "type",
+                        value: Quoted::new(&value),
+                        expected: "a single value".to_owned(),
+                    });
+                }
+                profile_type = Some(ProfileType::parse(&value).ok_or_else(|| ParamError::Invalid {
+                    name: "type",
+                    value: Quoted::new(&value),
+                    expected: format!("a profile type: {}", ProfileType::accepted()),
+                })?);
+            }
             _ if mode == Mode::Go => {}
             other => match options.iter().find(|option| **option == other) {
                 Some(&option) if chosen.iter().any(|(seen, _)| *seen == option) => {
@@ -175,6 +209,7 @@ fn parse(
         ProfileParams {
             seconds: seconds.unwrap_or(default.min(limits.max_seconds)),
             filter,
+            profile_type: profile_type.unwrap_or_default(),
         },
         chosen,
     ))

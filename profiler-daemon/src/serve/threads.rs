@@ -1,5 +1,6 @@
-//! `GET /threads`: CPU time per thread and per process over a window, as JSON.
-//! Same filters, window and errors as `/pprof`.
+//! `GET /threads`: CPU and off-CPU time per thread and per process over a
+//! window, as JSON. Same filters, window and errors as `/pprof`; `type` is
+//! accepted and ignored (both are always reported, off-CPU as 0 when off).
 
 use std::collections::BTreeMap;
 
@@ -10,7 +11,10 @@ use axum::{
 use serde::Serialize;
 
 use super::{HttpError, ServeState, access::Viewer, handlers::recent, params, scrape::Format};
-use crate::profile::Profile;
+use crate::{
+    kind::{ProfileType, SampleKind},
+    profile::Profile,
+};
 
 #[derive(Debug, Serialize, PartialEq, Eq)]
 pub struct ThreadsReport {
@@ -39,8 +43,8 @@ pub struct ProcessReport {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ns_pid: Option<u32>,
     /// Sums over the threads.
-    pub cpu_ns: u64,
-    pub samples: u64,
+    #[serde(flatten)]
+    pub times: Times,
     /// Sorted by CPU time, busiest first.
     pub threads: Vec<ThreadReport>,
 }
@@ -49,9 +53,46 @@ pub struct ProcessReport {
 pub struct ThreadReport {
     pub tid: u32,
     pub thread_name: String,
+    #[serde(flatten)]
+    pub times: Times,
+}
+
+/// A thread's (or process's) time, by kind.
+#[derive(Clone, Copy, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct Times {
     /// CPU time measured in the kernel (see the README), nanoseconds.
     pub cpu_ns: u64,
+    /// CPU samples.
     pub samples: u64,
+    /// Time waited off-CPU (`--off-cpu`), nanoseconds: blocked + runnable.
+    pub off_cpu_ns: u64,
+    /// Waits for an event (sleep, I/O, a lock).
+    pub off_cpu_blocked_ns: u64,
+    /// Waits in a run queue, for a CPU.
+    pub off_cpu_runnable_ns: u64,
+}
+
+impl Times {
+    fn add_sample(&mut self, kind: SampleKind, count: u64, ns: u64) {
+        match kind {
+            SampleKind::Cpu => {
+                self.cpu_ns += ns;
+                self.samples += count;
+                return;
+            }
+            SampleKind::OffCpuBlocked => self.off_cpu_blocked_ns += ns,
+            SampleKind::OffCpuRunnable => self.off_cpu_runnable_ns += ns,
+        }
+        self.off_cpu_ns += ns;
+    }
+
+    fn add(&mut self, other: &Times) {
+        self.cpu_ns += other.cpu_ns;
+        self.samples += other.samples;
+        self.off_cpu_ns += other.off_cpu_ns;
+        self.off_cpu_blocked_ns += other.off_cpu_blocked_ns;
+        self.off_cpu_runnable_ns += other.off_cpu_runnable_ns;
+    }
 }
 
 pub(super) async fn threads(
@@ -59,7 +100,9 @@ pub(super) async fn threads(
     Viewer(visible): Viewer,
     RawQuery(query): RawQuery,
 ) -> Result<Response, HttpError> {
-    let params = params::parse_pprof(query.as_deref(), &state.limits())?;
+    let mut params = params::parse_pprof(query.as_deref(), &state.limits())?;
+    // Every kind: the report splits them.
+    params.profile_type = ProfileType::Wall;
     recent(&state, params, visible, Format::Threads).await
 }
 
@@ -68,9 +111,9 @@ pub(super) fn render(profile: &Profile) -> std::io::Result<Vec<u8>> {
     Ok(serde_json::to_vec(&report(profile))?)
 }
 
-/// Groups a profile's samples by process and thread. A thread that renamed
-/// itself (pthread_setname_np after it started) is named as most of its
-/// samples name it, not as whichever sample came first.
+/// Groups a profile's samples by process and thread, and by kind. A thread
+/// that renamed itself (pthread_setname_np after it started) is named as
+/// most of its samples (and waits) name it, not as whichever came first.
 pub fn report(profile: &Profile) -> ThreadsReport {
     // pid -> (comm, tid -> thread)
     let mut processes: BTreeMap<u32, (String, BTreeMap<u32, ThreadReport>)> = BTreeMap::new();
@@ -102,11 +145,9 @@ pub fn report(profile: &Profile) -> ThreadsReport {
         let thread = threads.entry(sample.tid).or_insert_with(|| ThreadReport {
             tid: sample.tid,
             thread_name: sample.thread_name.to_string(),
-            cpu_ns: 0,
-            samples: 0,
+            times: Times::default(),
         });
-        thread.cpu_ns += sample.ns;
-        thread.samples += sample.count;
+        thread.times.add_sample(sample.kind, sample.count, sample.ns);
     }
     for (&pid, (_, threads)) in processes.iter_mut() {
         for (&tid, thread) in threads.iter_mut() {
@@ -122,7 +163,11 @@ pub fn report(profile: &Profile) -> ThreadsReport {
         .into_iter()
         .map(|(pid, (comm, threads))| {
             let mut threads: Vec<ThreadReport> = threads.into_values().collect();
-            threads.sort_by(|a, b| b.cpu_ns.cmp(&a.cpu_ns).then(a.tid.cmp(&b.tid)));
+            threads.sort_by(|a, b| b.times.cpu_ns.cmp(&a.times.cpu_ns).then(a.tid.cmp(&b.tid)));
+            let mut times = Times::default();
+            for thread in &threads {
+                times.add(&thread.times);
+            }
             let cgroup = cgroups
                 .get(&pid)
                 .and_then(|paths| paths.iter().max_by_key(|(_, (count, _))| *count));
@@ -132,13 +177,12 @@ pub fn report(profile: &Profile) -> ThreadsReport {
                 unit: cgroup.and_then(|(_, (_, unit))| unit.map(str::to_owned)),
                 cgroup: cgroup.map(|(path, _)| (*path).to_owned()),
                 ns_pid: ns_pids.get(&pid).copied(),
-                cpu_ns: threads.iter().map(|thread| thread.cpu_ns).sum(),
-                samples: threads.iter().map(|thread| thread.samples).sum(),
+                times,
                 threads,
             }
         })
         .collect();
-    processes.sort_by(|a, b| b.cpu_ns.cmp(&a.cpu_ns).then(a.pid.cmp(&b.pid)));
+    processes.sort_by(|a, b| b.times.cpu_ns.cmp(&a.times.cpu_ns).then(a.pid.cmp(&b.pid)));
     ThreadsReport {
         window: WindowReport {
             start_ms: profile.window.start_ms,
@@ -158,15 +202,27 @@ mod tests {
         symbolize::{SymbolizedSample, SymbolizedStack},
     };
 
+    fn times(cpu_ns: u64, samples: u64, blocked_ns: u64, runnable_ns: u64) -> Times {
+        Times {
+            cpu_ns,
+            samples,
+            off_cpu_ns: blocked_ns + runnable_ns,
+            off_cpu_blocked_ns: blocked_ns,
+            off_cpu_runnable_ns: runnable_ns,
+        }
+    }
+
     #[test]
     fn sums_threads_into_processes_busiest_first() {
+        use SampleKind::{Cpu, OffCpuBlocked, OffCpuRunnable};
         let stack = Arc::new(SymbolizedStack {
             locations: Box::new([]),
         });
         let unit = Some(Arc::new(crate::cgroup::Cgroup::from_path(
             "/system.slice/a.service",
         )));
-        let sample = |pid, tid, name: &str, count, cpu_ns| SymbolizedSample {
+        let sample = |kind, pid, tid, name: &str, count, ns| SymbolizedSample {
+            kind,
             pid,
             tid,
             comm: format!("proc{pid}").into(),
@@ -174,7 +230,7 @@ mod tests {
             thread_name: name.into(),
             stack: stack.clone(),
             count,
-            cpu_ns,
+            ns,
             cgroup: (pid == 2).then(|| unit.clone()).flatten(),
             ns_pid: (pid == 2).then_some(7),
         };
@@ -184,11 +240,18 @@ mod tests {
                 end_ms: 6_000,
             },
             frequency: 99,
+            profile_type: ProfileType::Wall,
             samples: vec![
-                sample(1, 1, "main", 1, 10),
-                sample(2, 20, "worker", 5, 500),
-                sample(2, 21, "io", 1, 100),
-                sample(2, 20, "worker", 2, 200),
+                sample(Cpu, 1, 1, "main", 1, 10),
+                sample(OffCpuBlocked, 1, 1, "main", 4, 9_000),
+                sample(Cpu, 2, 20, "worker", 5, 500),
+                sample(Cpu, 2, 21, "io", 1, 100),
+                sample(OffCpuBlocked, 2, 21, "io", 3, 3_000),
+                sample(OffCpuRunnable, 2, 21, "io", 1, 40),
+                sample(Cpu, 2, 20, "worker", 2, 200),
+                sample(OffCpuRunnable, 2, 20, "worker", 2, 60),
+                // A thread that only waited.
+                sample(OffCpuBlocked, 2, 22, "idle", 1, 50_000),
             ],
         };
         let report = report(&profile);
@@ -201,25 +264,34 @@ mod tests {
         );
         assert_eq!(report.processes.len(), 2);
         let busiest = &report.processes[0];
-        assert_eq!((busiest.pid, busiest.cpu_ns, busiest.samples), (2, 800, 8));
+        assert_eq!(
+            (busiest.pid, busiest.times),
+            (2, times(800, 8, 53_000, 100)),
+            "CPU samples and ns from CPU samples only; waits by kind"
+        );
         assert_eq!(
             busiest.threads,
             vec![
                 ThreadReport {
                     tid: 20,
                     thread_name: "worker".into(),
-                    cpu_ns: 700,
-                    samples: 7
+                    times: times(700, 7, 0, 60),
                 },
                 ThreadReport {
                     tid: 21,
                     thread_name: "io".into(),
-                    cpu_ns: 100,
-                    samples: 1
+                    times: times(100, 1, 3_000, 40),
                 },
-            ]
+                ThreadReport {
+                    tid: 22,
+                    thread_name: "idle".into(),
+                    times: times(0, 0, 50_000, 0),
+                },
+            ],
+            "sorted by CPU time, however long a thread waited"
         );
         assert_eq!(report.processes[1].comm, "proc1");
+        assert_eq!(report.processes[1].times, times(10, 1, 9_000, 0));
         assert_eq!(
             (busiest.unit.as_deref(), busiest.cgroup.as_deref(), busiest.ns_pid),
             (Some("a.service"), Some("/system.slice/a.service"), Some(7))
@@ -227,6 +299,19 @@ mod tests {
         assert_eq!(
             (report.processes[1].unit.as_deref(), report.processes[1].ns_pid),
             (None, None)
+        );
+        let json = serde_json::to_value(&report.processes[1]).expect("serializable");
+        assert_eq!(
+            json["threads"][0],
+            serde_json::json!({
+                "tid": 1, "thread_name": "main", "cpu_ns": 10, "samples": 1,
+                "off_cpu_ns": 9_000, "off_cpu_blocked_ns": 9_000, "off_cpu_runnable_ns": 0
+            }),
+            "flat fields, off-CPU ones always present"
+        );
+        assert_eq!(
+            (json["cpu_ns"].as_u64(), json["off_cpu_ns"].as_u64()),
+            (Some(10), Some(9_000))
         );
     }
 }

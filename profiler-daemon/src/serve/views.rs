@@ -1,6 +1,7 @@
 //! Views for people: a flame graph, a top table and folded stacks (the index
-//! page is in `index.rs`). Same filters, window and errors as `/pprof`; the
-//! rendering itself is in `profile/` and runs off the async workers.
+//! page is in `index.rs`). Same filters, window, `type` and errors as
+//! `/pprof`; the rendering itself is in `profile/` and runs off the async
+//! workers. CPU views count samples; off-CPU and wall views nanoseconds.
 
 use axum::{
     extract::{RawQuery, State},
@@ -29,6 +30,11 @@ const MAX_TOP_LIMIT: usize = 100_000;
 #[derive(serde::Serialize)]
 struct TopReport {
     window: WindowReport,
+    /// `cpu`, `offcpu` or `wall`.
+    #[serde(rename = "type")]
+    profile_type: &'static str,
+    /// What `self` and `total` count: `samples` or `ns`.
+    unit: &'static str,
     functions: Vec<top::FunctionCost>,
 }
 
@@ -62,7 +68,7 @@ pub(super) fn render_flamegraph(
     filter: &Filter,
     icicle: bool,
 ) -> std::io::Result<Vec<u8>> {
-    let title = flamegraph::title(filter, &profile.window);
+    let title = flamegraph::title(profile.profile_type, filter, &profile.window);
     let mut out = Vec::new();
     flamegraph::write(profile, &title, icicle, &mut out)?;
     Ok(out)
@@ -106,6 +112,8 @@ pub(super) fn render_top(
                 start_ms: profile.window.start_ms,
                 end_ms: profile.window.end_ms,
             },
+            profile_type: profile.profile_type.name(),
+            unit: profile.value_unit(),
             functions,
         };
         return Ok((serde_json::to_vec(&report)?, "application/json"));

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 
 use super::{Query, Store, StoreStats, Visible, Window};
-use crate::{cgroup::Cgroup, profile::Profile, symbolize::SymbolizedSample};
+use crate::{cgroup::Cgroup, kind::ProfileType, profile::Profile, symbolize::SymbolizedSample};
 
 #[derive(Debug, thiserror::Error)]
 #[error("the store has shut down")]
@@ -26,6 +26,7 @@ enum Request {
         pid: u32,
         window: Window,
         visible: Visible,
+        profile_type: ProfileType,
         reply: oneshot::Sender<bool>,
     },
     Cgroups {
@@ -37,6 +38,7 @@ enum Request {
     },
     EntriesIn {
         window: Window,
+        profile_type: ProfileType,
         reply: oneshot::Sender<usize>,
     },
 }
@@ -71,9 +73,10 @@ pub fn spawn(mut store: Store) -> (StoreHandle, tokio::task::JoinHandle<()>) {
                     pid,
                     window,
                     visible,
+                    profile_type,
                     reply,
                 } => {
-                    let _ = reply.send(store.has_pid(pid, window, visible));
+                    let _ = reply.send(store.has_pid(pid, window, visible, profile_type));
                 }
                 Request::Cgroups { visible, reply } => {
                     let _ = reply.send(store.cgroups(visible));
@@ -81,8 +84,12 @@ pub fn spawn(mut store: Store) -> (StoreHandle, tokio::task::JoinHandle<()>) {
                 Request::Stats { reply } => {
                     let _ = reply.send(store.stats());
                 }
-                Request::EntriesIn { window, reply } => {
-                    let _ = reply.send(store.entries_in(window));
+                Request::EntriesIn {
+                    window,
+                    profile_type,
+                    reply,
+                } => {
+                    let _ = reply.send(store.entries_in(window, profile_type));
                 }
             }
         }
@@ -112,11 +119,18 @@ impl StoreHandle {
         self.ask(|reply| Request::Query { query, reply }).await
     }
 
-    pub async fn has_pid(&self, pid: u32, window: Window, visible: Visible) -> Result<bool, StoreClosed> {
+    pub async fn has_pid(
+        &self,
+        pid: u32,
+        window: Window,
+        visible: Visible,
+        profile_type: ProfileType,
+    ) -> Result<bool, StoreClosed> {
         self.ask(|reply| Request::HasPid {
             pid,
             window,
             visible,
+            profile_type,
             reply,
         })
         .await
@@ -127,9 +141,14 @@ impl StoreHandle {
         self.ask(|reply| Request::Cgroups { visible, reply }).await
     }
 
-    /// An upper bound of the samples a query of `window` returns.
-    pub async fn entries_in(&self, window: Window) -> Result<usize, StoreClosed> {
-        self.ask(|reply| Request::EntriesIn { window, reply }).await
+    /// An upper bound of the samples a query of `window` and `profile_type` returns.
+    pub async fn entries_in(&self, window: Window, profile_type: ProfileType) -> Result<usize, StoreClosed> {
+        self.ask(|reply| Request::EntriesIn {
+            window,
+            profile_type,
+            reply,
+        })
+        .await
     }
 
     pub async fn stats(&self) -> Result<StoreStats, StoreClosed> {

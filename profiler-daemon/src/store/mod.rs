@@ -1,8 +1,11 @@
 //! Stage 3: the bounded, time-bucketed store of symbolized samples.
 //!
 //! One bucket per drain (about a second apart; on-demand drains add more),
-//! stamped with the drain's time in milliseconds and holding sample counts
-//! and CPU time per (pid, tid, comm, thread name, stack); stacks are interned.
+//! stamped with the drain's time in milliseconds and holding counts and
+//! nanoseconds per (kind, pid, tid, comm, thread name, stack); stacks are
+//! interned. A query keeps the kinds its profile type includes; a wall
+//! profile keeps a stack's CPU samples and its off-CPU waits as separate
+//! samples (their kinds differ), whose nanoseconds add up to its wall time.
 //! A window of drains is therefore exact: what a reader asks for between two
 //! drains is precisely what was sampled between them. Buckets older than the retention go, and so
 //! do the oldest ones whenever the approximate memory use passes the bound.
@@ -18,7 +21,7 @@ pub use query::{Filter, Query, Visible, Window};
 
 use crate::{
     cgroup::Cgroup,
-    kind::SampleKind,
+    kind::{ProfileType, SampleKind},
     profile::Profile,
     symbolize::{SymbolizedSample, SymbolizedStack},
 };
@@ -198,7 +201,8 @@ impl Store {
             }
             last = Some(bucket.time_ms);
             for (key, value) in &bucket.entries {
-                if query.visible.allows(key.uid)
+                if query.profile_type.includes(key.kind)
+                    && query.visible.allows(key.uid)
                     && query
                         .filter
                         .matches(key.pid, key.tid, &key.comm, key.cgroup.as_deref())
@@ -240,22 +244,36 @@ impl Store {
         Profile {
             window,
             frequency: self.frequency,
+            profile_type: query.profile_type,
             samples,
         }
     }
 
-    /// Entries stored within `window`: an upper bound of the samples a query
-    /// of it returns, counted without aggregating anything.
-    pub fn entries_in(&self, window: Window) -> usize {
-        self.buckets
+    /// Entries of `profile_type` stored within `window`: an upper bound of
+    /// the samples a query of them returns, counted without aggregating.
+    pub fn entries_in(&self, window: Window, profile_type: ProfileType) -> usize {
+        let buckets = self
+            .buckets
             .iter()
-            .filter(|bucket| window.contains(bucket.time_ms))
-            .map(|bucket| bucket.entries.len())
+            .filter(|bucket| window.contains(bucket.time_ms));
+        if profile_type == ProfileType::Wall {
+            // Every kind: the table sizes are the count.
+            return buckets.map(|bucket| bucket.entries.len()).sum();
+        }
+        buckets
+            .map(|bucket| {
+                bucket
+                    .entries
+                    .keys()
+                    .filter(|key| profile_type.includes(key.kind))
+                    .count()
+            })
             .sum()
     }
 
-    /// True when any sample of `pid` that `visible` allows is stored within `window`.
-    pub fn has_pid(&self, pid: u32, window: Window, visible: Visible) -> bool {
+    /// True when any sample of `pid` and `profile_type` that `visible`
+    /// allows is stored within `window`.
+    pub fn has_pid(&self, pid: u32, window: Window, visible: Visible, profile_type: ProfileType) -> bool {
         self.buckets
             .iter()
             .filter(|bucket| window.contains(bucket.time_ms))
@@ -263,7 +281,7 @@ impl Store {
                 bucket
                     .entries
                     .keys()
-                    .any(|key| key.pid == pid && visible.allows(key.uid))
+                    .any(|key| key.pid == pid && visible.allows(key.uid) && profile_type.includes(key.kind))
             })
     }
 

@@ -1,6 +1,6 @@
-//! What a reader asks the store for: a time window and filters.
+//! What a reader asks the store for: a time window, filters and a profile type.
 
-use crate::cgroup::Cgroup;
+use crate::{cgroup::Cgroup, kind::ProfileType};
 
 /// Which samples a query keeps: OR within a filter, AND across filters; an
 /// empty filter keeps everything.
@@ -132,4 +132,6 @@ pub struct Query {
     pub window: Window,
     pub filter: Filter,
     pub visible: Visible,
+    /// Only the samples whose kind this type includes.
+    pub profile_type: ProfileType,
 }

@@ -34,7 +34,8 @@ fn sample(pid: u32, tid: u32, comm: &str, stack: &Arc<SymbolizedStack>, count: u
         thread_name: comm.into(),
         stack: stack.clone(),
         count,
-        cpu_ns: count * 10_000_000,
+        kind: SampleKind::Cpu,
+        ns: count * 10_000_000,
         cgroup: None,
         ns_pid: None,
     }
@@ -55,6 +56,7 @@ fn all(filter: Filter) -> Query {
         window: Window::ALL,
         filter,
         visible: Visible::All,
+        profile_type: ProfileType::Cpu,
     }
 }
 
@@ -91,6 +93,7 @@ fn window_selects_buckets() {
         window: Window::last(3, 109_000),
         filter: Filter::default(),
         visible: Visible::All,
+        profile_type: ProfileType::Cpu,
     });
     assert_eq!(
         last3.total_samples(),
@@ -101,6 +104,7 @@ fn window_selects_buckets() {
         window: Window::between_drains(104_000, 106_000),
         filter: Filter::default(),
         visible: Visible::All,
+        profile_type: ProfileType::Cpu,
     });
     assert_eq!(
         between.total_samples(),
@@ -114,10 +118,7 @@ fn window_selects_buckets() {
             end_ms: 106_001
         }
     );
-    assert_eq!(
-        between.samples[0].cpu_ns, 20_000_000,
-        "CPU time adds up like counts"
-    );
+    assert_eq!(between.samples[0].ns, 20_000_000, "CPU time adds up like counts");
     let all = store.query(&all(Filter::default()));
     assert_eq!(
         all.window,
@@ -205,16 +206,17 @@ fn memory_bound_evicts_oldest_and_never_exceeds() {
 fn has_pid_looks_only_inside_the_window() {
     let mut store = store(300, 1 << 20);
     store.ingest(50_000, &[sample(42, 42, "w", &stack(&["f"]), 1)]);
-    assert!(store.has_pid(42, Window::ALL, Visible::All));
+    assert!(store.has_pid(42, Window::ALL, Visible::All, ProfileType::Cpu));
     assert!(!store.has_pid(
         42,
         Window {
             start_ms: 51_000,
             end_ms: 60_000
         },
-        Visible::All
+        Visible::All,
+        ProfileType::Cpu
     ));
-    assert!(!store.has_pid(43, Window::ALL, Visible::All));
+    assert!(!store.has_pid(43, Window::ALL, Visible::All, ProfileType::Cpu));
 }
 
 #[test]
@@ -238,10 +240,10 @@ fn a_caller_sees_only_the_samples_of_its_own_uid() {
     assert_eq!(pids(Visible::All), vec![1, 2, 7]);
     assert_eq!(pids(Visible::OwnedBy(1002)), vec![2]);
     assert_eq!(pids(Visible::OwnedBy(5)), Vec::<u32>::new());
-    assert!(store.has_pid(2, Window::ALL, Visible::OwnedBy(1002)));
-    assert!(!store.has_pid(1, Window::ALL, Visible::OwnedBy(1002)));
-    assert!(!store.has_pid(7, Window::ALL, Visible::OwnedBy(1002)));
-    assert!(store.has_pid(7, Window::ALL, Visible::All));
+    assert!(store.has_pid(2, Window::ALL, Visible::OwnedBy(1002), ProfileType::Cpu));
+    assert!(!store.has_pid(1, Window::ALL, Visible::OwnedBy(1002), ProfileType::Cpu));
+    assert!(!store.has_pid(7, Window::ALL, Visible::OwnedBy(1002), ProfileType::Cpu));
+    assert!(store.has_pid(7, Window::ALL, Visible::All, ProfileType::Cpu));
 }
 
 #[test]
@@ -301,5 +303,89 @@ fn unit_cgroup_and_container_filters_and_the_cgroups_a_caller_may_see() {
     assert!(
         store.cgroups(Visible::OwnedBy(1005)).is_empty(),
         "unnamed: no cgroup"
+    );
+}
+
+/// A CPU sample and off-CPU waits of one stack and thread.
+fn mixed_store() -> Store {
+    let mut store = store(300, 1 << 20);
+    let f = stack(&["f", "main"]);
+    let wait = |kind, count, ns| SymbolizedSample {
+        kind,
+        ns,
+        ..sample(1, 1, "w", &f, count)
+    };
+    store.ingest(
+        10_000,
+        &[
+            sample(1, 1, "w", &f, 3),
+            wait(SampleKind::OffCpuBlocked, 2, 500_000_000),
+            wait(SampleKind::OffCpuRunnable, 1, 7_000_000),
+        ],
+    );
+    // A process that only waited.
+    store.ingest(
+        11_000,
+        &[SymbolizedSample {
+            kind: SampleKind::OffCpuBlocked,
+            ns: 1_000,
+            ..sample(2, 2, "sleeper", &f, 1)
+        }],
+    );
+    store
+}
+
+#[test]
+fn a_query_keeps_the_kinds_its_type_includes() {
+    let store = mixed_store();
+    let of_type = |profile_type| {
+        let profile = store.query(&Query {
+            profile_type,
+            ..all(Filter::default())
+        });
+        assert_eq!(profile.profile_type, profile_type, "the profile says its type");
+        let mut kinds: Vec<(u32, SampleKind, u64, u64)> = profile
+            .samples
+            .iter()
+            .map(|sample| (sample.pid, sample.kind, sample.count, sample.ns))
+            .collect();
+        kinds.sort_unstable();
+        kinds
+    };
+    use SampleKind::{Cpu, OffCpuBlocked, OffCpuRunnable};
+    assert_eq!(of_type(ProfileType::Cpu), vec![(1, Cpu, 3, 30_000_000)]);
+    assert_eq!(
+        of_type(ProfileType::OffCpu),
+        vec![
+            (1, OffCpuBlocked, 2, 500_000_000),
+            (1, OffCpuRunnable, 1, 7_000_000),
+            (2, OffCpuBlocked, 1, 1_000)
+        ]
+    );
+    let wall = of_type(ProfileType::Wall);
+    assert_eq!(
+        wall.len(),
+        4,
+        "CPU samples and waits stay separate samples: {wall:?}"
+    );
+    let stack_ns: u64 = wall.iter().filter(|s| s.0 == 1).map(|s| s.3).sum();
+    assert_eq!(
+        stack_ns,
+        30_000_000 + 500_000_000 + 7_000_000,
+        "wall = CPU ns + off-CPU ns"
+    );
+}
+
+#[test]
+fn entries_and_pids_are_counted_per_type() {
+    let store = mixed_store();
+    assert_eq!(store.entries_in(Window::ALL, ProfileType::Cpu), 1);
+    assert_eq!(store.entries_in(Window::ALL, ProfileType::OffCpu), 3);
+    assert_eq!(store.entries_in(Window::ALL, ProfileType::Wall), 4);
+    assert!(store.has_pid(2, Window::ALL, Visible::All, ProfileType::OffCpu));
+    assert!(store.has_pid(2, Window::ALL, Visible::All, ProfileType::Wall));
+    assert!(
+        !store.has_pid(2, Window::ALL, Visible::All, ProfileType::Cpu),
+        "pid 2 only waited"
     );
 }

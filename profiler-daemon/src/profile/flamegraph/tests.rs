@@ -1,13 +1,17 @@
 use std::sync::Arc;
 
 use super::*;
-use crate::symbolize::{FrameKind, Function, Line, Location, SymbolizedSample, SymbolizedStack};
+use crate::{
+    kind::SampleKind,
+    symbolize::{FrameKind, Function, Line, Location, SymbolizedSample, SymbolizedStack},
+};
 
 /// One sample per (comm, stack leaf first).
 fn profile(samples: &[(&str, &[(&str, FrameKind)])]) -> Profile {
     let samples = samples
         .iter()
         .map(|(comm, frames)| SymbolizedSample {
+            kind: SampleKind::Cpu,
             pid: 7,
             tid: 7,
             comm: (*comm).into(),
@@ -33,7 +37,7 @@ fn profile(samples: &[(&str, &[(&str, FrameKind)])]) -> Profile {
                     .collect(),
             }),
             count: 10,
-            cpu_ns: 1_000_000,
+            ns: 1_000_000,
             cgroup: None,
             ns_pid: None,
         })
@@ -44,6 +48,7 @@ fn profile(samples: &[(&str, &[(&str, FrameKind)])]) -> Profile {
             end_ms: 1_795_348_810_000,
         },
         frequency: 99,
+        profile_type: ProfileType::Cpu,
         samples,
     }
 }
@@ -73,6 +78,7 @@ fn an_empty_profile_is_still_an_svg_with_an_escaped_title() {
     let profile = Profile {
         window: Window::ALL,
         frequency: 99,
+        profile_type: ProfileType::Cpu,
         samples: Vec::new(),
     };
     let mut out = Vec::new();
@@ -145,7 +151,7 @@ fn titles_name_the_processes_and_the_window() {
         ..Filter::default()
     };
     assert_eq!(
-        title(&pids, &window),
+        title(ProfileType::Cpu, &pids, &window),
         "CPU: pid 7,8 — 10.0 s from 2026-11-22 12:00:00 UTC"
     );
     let mixed = Filter {
@@ -154,8 +160,18 @@ fn titles_name_the_processes_and_the_window() {
         comms: vec!["nginx".into(), "redis".into()],
         ..Filter::default()
     };
-    assert!(title(&mixed, &window).starts_with("CPU: pid 7, tid 9, comm nginx,redis — "));
-    assert!(title(&Filter::default(), &window).starts_with("CPU: all processes — "));
+    assert!(title(ProfileType::Cpu, &mixed, &window).starts_with("CPU: pid 7, tid 9, comm nginx,redis — "));
+    assert!(title(ProfileType::Cpu, &Filter::default(), &window).starts_with("CPU: all processes — "));
+    assert!(title(ProfileType::OffCpu, &Filter::default(), &window).starts_with("off-CPU: all processes — "));
+    assert!(title(ProfileType::Wall, &pids, &window).starts_with("wall-clock: pid 7,8 — "));
+}
+
+#[test]
+fn off_cpu_frames_are_as_wide_as_their_nanoseconds() {
+    let mut profile = profile(&[("app", &[("wait", FrameKind::User)])]);
+    profile.profile_type = ProfileType::OffCpu;
+    let svg = svg(&profile, false);
+    assert!(svg.contains("<title>wait (1,000,000 ns, 100.00%)"), "{svg}");
 }
 
 #[test]

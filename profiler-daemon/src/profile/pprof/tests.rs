@@ -55,7 +55,8 @@ fn sample(pid: u32, tid: u32, comm: &str, stack: &Arc<SymbolizedStack>, count: u
         thread_name: format!("{comm}-t").into(),
         stack: stack.clone(),
         count,
-        cpu_ns: count * 10_101_010,
+        kind: crate::kind::SampleKind::Cpu,
+        ns: count * 10_101_010,
         cgroup: None,
         ns_pid: None,
     }
@@ -64,7 +65,7 @@ fn sample(pid: u32, tid: u32, comm: &str, stack: &Arc<SymbolizedStack>, count: u
 /// Two processes sharing a library (equal but distinct `Arc`s, as two
 /// symbolizer batches would produce), a kernel frame, an inlined frame and
 /// an unresolved placeholder in a library of its own.
-fn fixture() -> Profile {
+pub(super) fn fixture() -> Profile {
     let kernel = mapping("[kernel.kallsyms]", 0, None);
     let libc = mapping("/usr/lib/libc.so.6", 0x7f00_0000_0000, Some("ab12"));
     let exe = mapping("/usr/bin/busy", 0x5500_0000_0000, Some("cd34"));
@@ -120,6 +121,7 @@ fn fixture() -> Profile {
             end_ms: 110_000,
         },
         frequency: 99,
+        profile_type: ProfileType::Cpu,
         samples: vec![
             sample(42, 43, "busy", &first, 5),
             sample(42, 42, "busy", &first, 2),
@@ -315,6 +317,7 @@ fn an_empty_window_is_still_a_valid_non_empty_profile() {
             end_ms: 8_000,
         },
         frequency: 99,
+        profile_type: ProfileType::Cpu,
         samples: Vec::new(),
     };
     let raw = encode(&profile);
@@ -332,6 +335,7 @@ fn extreme_windows_and_frequencies_saturate_instead_of_overflowing() {
     let profile = Profile {
         window: Window::ALL,
         frequency: 0,
+        profile_type: ProfileType::Cpu,
         samples: Vec::new(),
     };
     let decoded = build(&profile);

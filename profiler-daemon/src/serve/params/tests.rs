@@ -10,7 +10,7 @@ fn pprof(query: &str) -> Result<ProfileParams, ParamError> {
 }
 
 fn go(query: &str) -> Result<ProfileParams, ParamError> {
-    parse_go_profile(Some(query), &LIMITS)
+    parse_go_profile(Some(query), &LIMITS, ProfileType::Cpu)
 }
 
 fn message(result: Result<ProfileParams, ParamError>) -> String {
@@ -23,6 +23,11 @@ fn defaults_to_ten_seconds_of_the_whole_system() {
         let params = parse_pprof(query, &LIMITS).expect("accepted");
         assert_eq!(params.seconds, 10);
         assert_eq!(params.filter, Filter::default());
+        assert_eq!(
+            params.profile_type,
+            ProfileType::Cpu,
+            "CPU unless type= says otherwise"
+        );
     }
     let short = Limits {
         max_seconds: 4,
@@ -115,7 +120,7 @@ fn bad_comms_are_rejected() {
 fn unknown_parameters_are_rejected_on_pprof_and_ignored_by_go() {
     assert_eq!(
         message(pprof("pid=1&debug=1")),
-        "unknown parameter \"debug\"; accepted: pid, tid, comm, unit, cgroup, container, seconds"
+        "unknown parameter \"debug\"; accepted: pid, tid, comm, unit, cgroup, container, seconds, type"
     );
     assert_eq!(go("debug=1&gc=1").map(|p| p.seconds), Ok(30));
 }
@@ -138,7 +143,10 @@ fn go_falls_back_to_thirty_seconds_like_net_http_pprof() {
         max_seconds: 20,
         ..LIMITS
     };
-    assert_eq!(parse_go_profile(None, &short).map(|p| p.seconds), Ok(20));
+    assert_eq!(
+        parse_go_profile(None, &short, ProfileType::Cpu).map(|p| p.seconds),
+        Ok(20)
+    );
 }
 
 #[test]
@@ -198,12 +206,12 @@ fn endpoint_options_are_single_valued_and_listed_when_a_name_is_unknown() {
             .map(|_| ())
             .expect_err("unknown")
             .to_string(),
-        "unknown parameter \"icicle\"; accepted: pid, tid, comm, unit, cgroup, container, seconds, format, limit"
+        "unknown parameter \"icicle\"; accepted: pid, tid, comm, unit, cgroup, container, seconds, type, format, limit"
     );
     // Another endpoint's options are not /pprof's.
     assert_eq!(
         message(pprof("format=json")),
-        "unknown parameter \"format\"; accepted: pid, tid, comm, unit, cgroup, container, seconds"
+        "unknown parameter \"format\"; accepted: pid, tid, comm, unit, cgroup, container, seconds, type"
     );
     // The common parameters keep their own rules.
     assert!(with_options("seconds=0&format=json").is_err());
@@ -254,4 +262,46 @@ fn units_cgroups_and_containers() {
     }
     // Go's handler ignores unknown parameters but not bad filters.
     assert!(message(go("unit=nginx")).starts_with("unit: "));
+}
+
+#[test]
+fn type_selects_the_profile_and_names_the_accepted_values() {
+    for (value, expected) in [
+        ("cpu", ProfileType::Cpu),
+        ("offcpu", ProfileType::OffCpu),
+        ("off-cpu", ProfileType::OffCpu),
+        ("wall", ProfileType::Wall),
+    ] {
+        let params = pprof(&format!("type={value}&pid=3")).expect("accepted");
+        assert_eq!(
+            (params.profile_type, params.filter.pids),
+            (expected, vec![3]),
+            "{value}"
+        );
+    }
+    for bad in ["", "CPU", "heap", "block", "wall%0A"] {
+        assert_eq!(
+            message(pprof(&format!("type={bad}"))),
+            format!(
+                "type: {:?} is not accepted; expected a profile type: cpu, offcpu or wall",
+                bad.replace("%0A", "\n")
+            ),
+            "{bad}"
+        );
+    }
+    assert_eq!(
+        message(pprof("type=cpu&type=wall")),
+        "type: \"wall\" is not accepted; expected a single value"
+    );
+    // Views take it like /pprof, beside their own options.
+    let (params, options) = with_options("format=json&type=wall").expect("accepted");
+    assert_eq!((params.profile_type, options.len()), (ProfileType::Wall, 1));
+}
+
+#[test]
+fn go_paths_name_the_type_and_ignore_the_parameter() {
+    let params =
+        parse_go_profile(Some("type=cpu&seconds=5"), &LIMITS, ProfileType::OffCpu).expect("accepted");
+    assert_eq!((params.profile_type, params.seconds), (ProfileType::OffCpu, 5));
+    assert_eq!(go("type=nonsense").map(|p| p.profile_type), Ok(ProfileType::Cpu));
 }

@@ -179,6 +179,7 @@ mod tests {
                 ..Filter::default()
             },
             Visible::All,
+            crate::kind::ProfileType::Cpu,
             Format::Pprof,
         )
     }

@@ -1,6 +1,9 @@
 //! What makes two scrapes' answers the same bytes.
 
-use crate::store::{Filter, Visible, Window};
+use crate::{
+    kind::ProfileType,
+    store::{Filter, Visible, Window},
+};
 
 /// How an answer is written; part of the key, since each is its own bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -15,13 +18,15 @@ pub enum Format {
     Top { json: bool, limit: usize },
     /// `/flamegraph.svg`.
     Flamegraph { icicle: bool },
-    /// `/`, whose links ask for the same `seconds`.
-    Index { seconds: u64 },
+    /// `/`, whose links ask for the same `seconds`; `off_cpu` says whether
+    /// it offers the off-CPU and wall types.
+    Index { seconds: u64, off_cpu: bool },
 }
 
 /// Two requests with equal keys get the same answer: the same window (so
-/// the same drains, hence the same samples), the same samples kept, for the
-/// same viewer scope, in the same format.
+/// the same drains, hence the same samples), the same samples kept (the
+/// same filter and profile type: a CPU scrape never gets an off-CPU
+/// answer), for the same viewer scope, in the same format.
 ///
 /// The scope is part of the key so that an answer computed for someone who
 /// sees every process is never handed to someone who sees only their own
@@ -32,15 +37,23 @@ pub struct ShareKey {
     /// Normalized ([`Filter::normalized`]).
     pub filter: Filter,
     pub visible: Visible,
+    pub profile_type: ProfileType,
     pub format: Format,
 }
 
 impl ShareKey {
-    pub fn new(window: Window, filter: Filter, visible: Visible, format: Format) -> Self {
+    pub fn new(
+        window: Window,
+        filter: Filter,
+        visible: Visible,
+        profile_type: ProfileType,
+        format: Format,
+    ) -> Self {
         Self {
             window,
             filter: filter.normalized(),
             visible,
+            profile_type,
             format,
         }
     }
@@ -76,12 +89,14 @@ mod tests {
             WINDOW,
             filter(&[3, 1, 2, 1], &[9, 8], &["b", "a"]),
             Visible::All,
+            ProfileType::Cpu,
             Format::Pprof,
         );
         let b = ShareKey::new(
             WINDOW,
             filter(&[1, 2, 3], &[8, 9, 9], &["a", "b", "a"]),
             Visible::All,
+            ProfileType::Cpu,
             Format::Pprof,
         );
         assert_eq!(a, b);
@@ -89,13 +104,20 @@ mod tests {
     }
 
     #[test]
-    fn scope_window_filter_and_format_each_separate_keys() {
-        let base = ShareKey::new(WINDOW, filter(&[1], &[], &[]), Visible::All, Format::Pprof);
+    fn scope_window_filter_type_and_format_each_separate_keys() {
+        let base = ShareKey::new(
+            WINDOW,
+            filter(&[1], &[], &[]),
+            Visible::All,
+            ProfileType::Cpu,
+            Format::Pprof,
+        );
         let variants = [
             ShareKey::new(
                 WINDOW,
                 filter(&[1], &[], &[]),
                 Visible::OwnedBy(1000),
+                ProfileType::Cpu,
                 Format::Pprof,
             ),
             ShareKey::new(
@@ -105,15 +127,35 @@ mod tests {
                 },
                 filter(&[1], &[], &[]),
                 Visible::All,
+                ProfileType::Cpu,
                 Format::Pprof,
             ),
-            ShareKey::new(WINDOW, filter(&[2], &[], &[]), Visible::All, Format::Pprof),
-            ShareKey::new(WINDOW, filter(&[], &[1], &[]), Visible::All, Format::Pprof),
-            ShareKey::new(WINDOW, filter(&[1], &[], &[]), Visible::All, Format::Folded),
+            ShareKey::new(
+                WINDOW,
+                filter(&[2], &[], &[]),
+                Visible::All,
+                ProfileType::Cpu,
+                Format::Pprof,
+            ),
+            ShareKey::new(
+                WINDOW,
+                filter(&[], &[1], &[]),
+                Visible::All,
+                ProfileType::Cpu,
+                Format::Pprof,
+            ),
             ShareKey::new(
                 WINDOW,
                 filter(&[1], &[], &[]),
                 Visible::All,
+                ProfileType::Cpu,
+                Format::Folded,
+            ),
+            ShareKey::new(
+                WINDOW,
+                filter(&[1], &[], &[]),
+                Visible::All,
+                ProfileType::Cpu,
                 Format::Top {
                     json: false,
                     limit: 50,
@@ -123,10 +165,35 @@ mod tests {
         for variant in &variants {
             assert_ne!(&base, variant);
         }
+        // Nor do two profile types of one window.
+        for profile_type in [ProfileType::OffCpu, ProfileType::Wall] {
+            assert_ne!(
+                base,
+                ShareKey::new(
+                    WINDOW,
+                    filter(&[1], &[], &[]),
+                    Visible::All,
+                    profile_type,
+                    Format::Pprof
+                )
+            );
+        }
         // Two unprivileged users never share either.
         assert_ne!(
-            ShareKey::new(WINDOW, Filter::default(), Visible::OwnedBy(1000), Format::Pprof),
-            ShareKey::new(WINDOW, Filter::default(), Visible::OwnedBy(1001), Format::Pprof)
+            ShareKey::new(
+                WINDOW,
+                Filter::default(),
+                Visible::OwnedBy(1000),
+                ProfileType::Cpu,
+                Format::Pprof
+            ),
+            ShareKey::new(
+                WINDOW,
+                Filter::default(),
+                Visible::OwnedBy(1001),
+                ProfileType::Cpu,
+                Format::Pprof
+            )
         );
     }
 }

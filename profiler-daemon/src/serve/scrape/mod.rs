@@ -2,7 +2,7 @@
 //!
 //! - A scrape is answered from a drain asked for at most `share` before it
 //!   arrived ([`gate`]), so scrapes arriving together see the same drain.
-//! - Scrapes with the same window, filters, viewer scope and format
+//! - Scrapes with the same window, filters, profile type, viewer scope and format
 //!   ([`key::ShareKey`]) get one answer: the first computes it, the others
 //!   wait for it, later ones find it kept ([`answers`]).
 //! - A computation (a store query, then encoding on the blocking pool) takes
@@ -201,7 +201,7 @@ impl Scrapes {
         // The query builds the profile (and its aggregation) in the store
         // task: reserved first, from an upper bound that costs no aggregating.
         let entries = store
-            .entries_in(key.window)
+            .entries_in(key.window, key.profile_type)
             .await
             .map_err(|closed| (store_closed(closed), None))?;
         let _query_memory = self
@@ -213,6 +213,7 @@ impl Scrapes {
             window: key.window,
             filter: key.filter.clone(),
             visible: key.visible,
+            profile_type: key.profile_type,
         };
         let profile = store
             .query(query)

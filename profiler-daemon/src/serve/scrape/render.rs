@@ -51,8 +51,8 @@ pub fn render(format: Format, profile: &Profile, filter: &Filter) -> std::io::Re
             "image/svg+xml",
             false,
         ),
-        Format::Index { seconds } => (
-            index::page(profile, filter, seconds).into_bytes(),
+        Format::Index { seconds, off_cpu } => (
+            index::page(profile, filter, seconds, off_cpu).into_bytes(),
             "text/html; charset=utf-8",
             false,
         ),
@@ -84,6 +84,7 @@ pub fn estimate_bytes(profile: &Profile) -> usize {
 mod tests {
     use super::*;
     use crate::{
+        kind::{ProfileType, SampleKind},
         store::Window,
         symbolize::{FrameKind, Function, Line, Location, SymbolizedSample, SymbolizedStack},
     };
@@ -114,10 +115,12 @@ mod tests {
         Profile {
             window: Window::ALL,
             frequency: 99,
+            profile_type: ProfileType::Cpu,
             samples: stacks
                 .iter()
                 .enumerate()
                 .map(|(tid, stack)| SymbolizedSample {
+                    kind: SampleKind::Cpu,
                     pid: 1,
                     tid: tid as u32,
                     comm: "c".into(),
@@ -125,7 +128,7 @@ mod tests {
                     thread_name: "t".into(),
                     stack: stack.clone(),
                     count: 1,
-                    cpu_ns: 1,
+                    ns: 1,
                     cgroup: None,
                     ns_pid: None,
                 })
