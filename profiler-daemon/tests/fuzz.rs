@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use profilerd::{
+    kind::{ProfileType, SampleKind},
     profile::{Profile, flamegraph, pprof, top},
     serve::params::{Limits, parse_go_profile, parse_pprof, parse_with_options},
     store::{Filter, Window},
@@ -50,7 +51,7 @@ fn queries() -> impl Strategy<Value = String> {
 proptest! {
     #[test]
     fn query_parsing_never_panics_and_only_accepts_valid_values(query in queries()) {
-        for parsed in [parse_pprof(Some(&query), &LIMITS), parse_go_profile(Some(&query), &LIMITS)] {
+        for parsed in [parse_pprof(Some(&query), &LIMITS), parse_go_profile(Some(&query), &LIMITS, ProfileType::Cpu)] {
             match parsed {
                 Ok(params) => {
                     prop_assert!((1..=LIMITS.max_seconds).contains(&params.seconds), "{query:?} -> {params:?}");
@@ -133,9 +134,15 @@ fn profiles() -> impl Strategy<Value = Profile> {
         stack,
         1..1000u64,
         any::<u64>(),
+        prop_oneof![
+            Just(SampleKind::Cpu),
+            Just(SampleKind::OffCpuBlocked),
+            Just(SampleKind::OffCpuRunnable)
+        ],
     )
         .prop_map(
-            |(pid, tid, comm, thread_name, stack, count, cpu_ns)| SymbolizedSample {
+            |(pid, tid, comm, thread_name, stack, count, ns, kind)| SymbolizedSample {
+                kind,
                 pid,
                 tid,
                 comm: comm.into(),
@@ -143,7 +150,7 @@ fn profiles() -> impl Strategy<Value = Profile> {
                 thread_name: thread_name.into(),
                 stack,
                 count,
-                cpu_ns,
+                ns,
                 cgroup: None,
                 ns_pid: None,
             },
@@ -153,13 +160,19 @@ fn profiles() -> impl Strategy<Value = Profile> {
         any::<u64>(),
         any::<u64>(),
         0..100_000u64,
+        prop_oneof![
+            Just(ProfileType::Cpu),
+            Just(ProfileType::OffCpu),
+            Just(ProfileType::Wall)
+        ],
     )
-        .prop_map(|(samples, start_ms, length, frequency)| Profile {
+        .prop_map(|(samples, start_ms, length, frequency, profile_type)| Profile {
             window: Window {
                 start_ms,
                 end_ms: start_ms.saturating_add(length),
             },
             frequency,
+            profile_type,
             samples,
         })
 }
@@ -216,9 +229,9 @@ fn hostile_names() -> impl Strategy<Value = String> {
 proptest! {
     #[test]
     fn every_profile_renders_as_views(mut profile in profiles(), nasty in hostile_names()) {
-        // Real CPU times are bounded by real time; sums of arbitrary u64s would overflow.
+        // Real times are bounded by real time; sums of arbitrary u64s would overflow.
         for sample in &mut profile.samples {
-            sample.cpu_ns %= 1 << 40;
+            sample.ns %= 1 << 40;
         }
         // any::<String>() has no control characters: add a process that names
         // itself and its function with them.
@@ -228,6 +241,7 @@ proptest! {
             filename: None,
         });
         profile.samples.push(SymbolizedSample {
+            kind: SampleKind::Cpu,
             pid: 1,
             tid: 1,
             comm: nasty.clone().into(),
@@ -243,7 +257,7 @@ proptest! {
                 }]),
             }),
             count: 1,
-            cpu_ns: 1,
+            ns: 1,
             cgroup: None,
             ns_pid: None,
         });
@@ -252,16 +266,16 @@ proptest! {
             .samples
             .iter()
             .filter(|sample| !sample.stack.locations.is_empty())
-            .map(|sample| sample.count)
+            .map(|sample| profile.value(sample))
             .sum();
-        prop_assert_eq!(costs.iter().map(|cost| cost.self_samples).sum::<u64>(), with_frames);
+        prop_assert_eq!(costs.iter().map(|cost| cost.self_value).sum::<u64>(), with_frames);
         for cost in &costs {
-            prop_assert!(cost.self_samples <= cost.total_samples && cost.total_samples <= with_frames);
+            prop_assert!(cost.self_value <= cost.total_value && cost.total_value <= with_frames);
         }
         let table = top::table(&profile, &costs);
         prop_assert_eq!(table.lines().count(), 2 + costs.len(), "one line per function: {}", table);
 
-        let title = flamegraph::title(&Filter::default(), &profile.window);
+        let title = flamegraph::title(profile.profile_type, &Filter::default(), &profile.window);
         for icicle in [false, true] {
             let mut svg = Vec::new();
             flamegraph::write(&profile, &title, icicle, &mut svg).expect("every profile renders");
