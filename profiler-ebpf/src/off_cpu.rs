@@ -30,9 +30,11 @@ use crate::{
 };
 
 const EFAULT: i32 = 14;
-/// Kernel frames to skip: this program and the tracepoint's trampoline
-/// (`bpf_trace_run4`), so a wait's stack starts at `__schedule`.
-const KERNEL_SKIP: u64 = 2 & BPF_F_SKIP_FIELD_MASK as u64;
+/// Kernel frames to skip: this program, the tracepoint's trampoline
+/// (`bpf_trace_run4`) and the scheduler's own frame, so a wait's stack
+/// starts at `schedule` (or `__cond_resched`, `preempt_schedule`...): where
+/// the thread gave up the CPU, not how the tracepoint was reached.
+const KERNEL_SKIP: u64 = 3 & BPF_F_SKIP_FIELD_MASK as u64;
 /// `prev_state` of a task's last switch: it exited and will not run again.
 const TASK_DEAD: u64 = 0x80;
 

@@ -81,7 +81,7 @@ fn a_wait_across_drains_is_counted_once_with_its_stacks_in_every_window() {
     let mut tracker = WaitTracker::new(1, 0);
     let blocked = wait(100 * MS, 0, 3, 4);
     // Drain of generation 0 at 1000 ms: the wait (begun at 100 ms) goes on.
-    let mut first = batch_with_stacks(&[(3, &[0x10, 0x20])], &[(4, &[0xffff_1])]);
+    let mut first = batch_with_stacks(&[(3, &[0x10, 0x20])], &[(4, &[0xf_fff1])]);
     tracker.drained(&mut first, 0, 1000 * MS, &[(42, blocked)]);
     assert_eq!(
         first.samples.len(),
@@ -103,7 +103,7 @@ fn a_wait_across_drains_is_counted_once_with_its_stacks_in_every_window() {
     assert_eq!(second.samples[0].ns, 1000 * MS, "the next second only");
     assert_eq!(
         frames(&second, &second.samples[0]),
-        (Some(vec![0x10, 0x20]), Some(vec![0xffff_1])),
+        (Some(vec![0x10, 0x20]), Some(vec![0xf_fff1])),
         "the kept stacks, under ids of this batch"
     );
     // It ends at 2500 ms: the sampler counts all 2400 ms in generation 2.
