@@ -17,6 +17,7 @@ const WORKLOADS: &[&str] = &[
     "short_lived",
     "cpu_shares",
     "unit_pair",
+    "offcpu_mix",
 ];
 /// The fuzz test's victim is optimised code with the debug info a release
 /// build has (what the symbolizer meets in the wild), as a shared object.

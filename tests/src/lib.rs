@@ -10,6 +10,7 @@ pub mod elf;
 pub mod elf_mutants;
 pub mod faulty;
 pub mod hostile;
+pub mod offcpu;
 pub mod perf_oracle;
 pub mod pki;
 pub mod rootfs;
