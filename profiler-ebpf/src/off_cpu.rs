@@ -13,7 +13,7 @@
 
 use aya_ebpf::{
     Global,
-    bindings::{BPF_F_SKIP_FIELD_MASK, BPF_F_USER_STACK},
+    bindings::BPF_F_USER_STACK,
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_ktime_get_ns,
         bpf_probe_read_kernel,
@@ -30,11 +30,11 @@ use crate::{
 };
 
 const EFAULT: i32 = 14;
-/// Kernel frames to skip: this program, the tracepoint's trampoline
-/// (`bpf_trace_run4`) and the scheduler's own frame, so a wait's stack
-/// starts at `schedule` (or `__cond_resched`, `preempt_schedule`...): where
-/// the thread gave up the CPU, not how the tracepoint was reached.
-const KERNEL_SKIP: u64 = 3 & BPF_F_SKIP_FIELD_MASK as u64;
+/// Kernel frames to skip: none. The frames of this program, the
+/// tracepoint and `__schedule` are not always the same number (the
+/// trampoline is not always a frame), so the daemon drops them by name
+/// (`SymbolizedStack::trim_switch_frames`).
+const KERNEL_SKIP: u64 = 0;
 /// `prev_state` of a task's last switch: it exited and will not run again.
 const TASK_DEAD: u64 = 0x80;
 

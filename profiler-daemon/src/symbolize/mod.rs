@@ -128,7 +128,7 @@ impl Symbolizer {
         );
 
         // Pass 2: build each distinct stack once per batch from the caches.
-        let mut stacks: HashMap<(u32, u32, i32, i32), Arc<SymbolizedStack>> = HashMap::new();
+        let mut stacks: HashMap<(u32, u32, i32, i32, bool), Arc<SymbolizedStack>> = HashMap::new();
         let mut out = Vec::with_capacity(batch.samples.len());
         for sample in &batch.samples {
             let key = sample.key;
@@ -146,16 +146,27 @@ impl Symbolizer {
             };
             let uid = process.and_then(|process| process.uid);
             let ns_pid = process.and_then(|process| process.ns_pid);
+            let off_cpu = kind.is_off_cpu();
             let stack = stacks
-                .entry((key.tgid, key.instance, key.user_stack_id, key.kernel_stack_id))
+                .entry((
+                    key.tgid,
+                    key.instance,
+                    key.user_stack_id,
+                    key.kernel_stack_id,
+                    off_cpu,
+                ))
                 .or_insert_with(|| {
-                    Arc::new(build_stack(
+                    let mut stack = build_stack(
                         &self.resolver,
                         &self.kernel_mapping,
                         process,
                         stack_of(&batch.kernel_stacks, key.kernel_stack_id),
                         stack_of(&batch.user_stacks, key.user_stack_id),
-                    ))
+                    );
+                    if off_cpu {
+                        stack.trim_switch_frames();
+                    }
+                    Arc::new(stack)
                 })
                 .clone();
             out.push(SymbolizedSample {

@@ -52,6 +52,8 @@ pub struct ProcessStats {
 pub struct ProcessTable {
     entries: HashMap<(u32, u32), ProcessEntry>,
     exited: Vec<(u32, u32)>,
+    /// Exited before the previous batch: dropped after this one.
+    retiring: Vec<(u32, u32)>,
     refreshed: Vec<(u32, u32)>,
     /// Snapshots read here (late or refreshed), for the unwind tables.
     fresh: Vec<ProcessSnapshot>,
@@ -65,6 +67,7 @@ impl ProcessTable {
         Self {
             entries: HashMap::new(),
             exited: Vec::new(),
+            retiring: Vec::new(),
             refreshed: Vec::new(),
             fresh: Vec::new(),
             reader,
@@ -162,8 +165,12 @@ impl ProcessTable {
         }
     }
 
-    /// Called after each batch: drops instances that exited before it, and
-    /// now and then those whose process is gone without an exit notice.
+    /// Called after each batch: drops instances that exited before the
+    /// batch before it (not this one: a process can exit between a drain's
+    /// flip and the moment its batch is handed over, so its last samples —
+    /// and the end of its last off-CPU wait, always taken just before it
+    /// exits — come in the batch after its exit notice), and now and then
+    /// those whose process is gone without an exit notice.
     /// Returns files no longer mapped by anyone (their caches can go).
     pub fn end_batch(&mut self) -> Vec<Arc<MappedFile>> {
         self.batch += 1;
@@ -172,7 +179,8 @@ impl ProcessTable {
         let mut drop_entry = |entry: ProcessEntry| {
             released.extend(entry.mappings.into_iter().filter_map(|mapping| mapping.file));
         };
-        for key in std::mem::take(&mut self.exited) {
+        let exited = std::mem::take(&mut self.exited);
+        for key in std::mem::replace(&mut self.retiring, exited) {
             if let Some(entry) = self.entries.remove(&key) {
                 drop_entry(entry);
             }

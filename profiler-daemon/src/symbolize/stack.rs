@@ -71,6 +71,32 @@ impl SymbolizedStack {
         })
     }
 
+    /// Drops the leaf kernel frames an off-CPU stack gets from where it was
+    /// taken (the switch program, the tracepoint, `__schedule`), so it
+    /// starts where the thread gave up the CPU (`schedule`,
+    /// `__cond_resched`...). Their number varies (the tracepoint's
+    /// trampoline is not always a frame), so they are matched by name.
+    pub fn trim_switch_frames(&mut self) {
+        let taken_by_the_switch = |location: &Location| {
+            location.kind == FrameKind::Kernel
+                && location.lines.last().is_some_and(|line| {
+                    let name = &*line.function.name;
+                    name.starts_with("bpf_prog_")
+                        || name.starts_with("bpf_trace_run")
+                        || name.starts_with("__traceiter_sched_switch")
+                        || name == "__schedule"
+                })
+        };
+        let keep = self
+            .locations
+            .iter()
+            .position(|location| !taken_by_the_switch(location))
+            .unwrap_or(self.locations.len());
+        if keep > 0 {
+            self.locations = self.locations[keep..].into();
+        }
+    }
+
     /// Approximate heap bytes held by this stack (for the store's bound).
     pub fn approx_bytes(&self) -> usize {
         size_of::<Self>() + self.locations.len() * (size_of::<Location>() + 48)
@@ -126,6 +152,28 @@ mod tests {
             lines: names.iter().map(|name| line(name)).collect(),
             resolved: true,
         }
+    }
+
+    #[test]
+    fn switch_frames_are_trimmed_from_the_leaf_only() {
+        let mut stack = SymbolizedStack {
+            locations: vec![
+                location(FrameKind::Kernel, &["bpf_prog_0123456789abcdef_on_switch"]),
+                location(FrameKind::Kernel, &["bpf_trace_run4"]),
+                location(FrameKind::Kernel, &["__traceiter_sched_switch"]),
+                location(FrameKind::Kernel, &["__schedule"]),
+                location(FrameKind::Kernel, &["schedule"]),
+                location(FrameKind::Kernel, &["__schedule"]),
+                location(FrameKind::User, &["main"]),
+            ]
+            .into(),
+        };
+        stack.trim_switch_frames();
+        let names: Vec<_> = stack.frames_root_first().map(|(name, _, _)| name).collect();
+        assert_eq!(names, vec!["main", "__schedule", "schedule"]);
+        let mut already = stack.clone();
+        already.trim_switch_frames();
+        assert_eq!(already, stack, "a stack that starts at schedule stays as it is");
     }
 
     #[test]
