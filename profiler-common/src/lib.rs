@@ -66,6 +66,27 @@ pub struct ProcessEvent {
     pub reserved: u32,
 }
 
+impl Wait {
+    /// The counts key this wait is added under, for thread `tid`: the
+    /// stacks (and their generation) it began with.
+    #[inline(always)]
+    pub const fn key(&self, tid: u32) -> SampleKey {
+        SampleKey {
+            tgid: self.tgid,
+            tid,
+            instance: self.instance,
+            user_stack_id: self.user_stack_id,
+            kernel_stack_id: self.kernel_stack_id,
+            comm: self.comm,
+            kind: self.kind,
+            reserved: 0,
+            generation: self.generation,
+            reserved2: 0,
+            cgroup_id: self.cgroup_id,
+        }
+    }
+}
+
 /// What a counts entry measures ([`SampleKey::kind`]).
 pub mod sample_kind {
     /// CPU samples: `count` samples, `ns` the CPU time the thread consumed

@@ -22,7 +22,7 @@ use aya_ebpf::{
     maps::{LruHashMap, StackTrace},
     programs::{RawTracePointContext, tracing::StackIdContext},
 };
-use profiler_common::{COMM_LEN, Counter, SampleKey, Wait, maps::*, sample_kind, unwind_mode};
+use profiler_common::{COMM_LEN, Counter, Wait, maps::*, sample_kind, unwind_mode};
 
 use crate::{
     BUFFER_0, BUFFER_1, Buffer, UNWIND_MODE, bump, count, current_cgroup, generation, process_instance,
@@ -201,19 +201,7 @@ fn switched_in(ctx: &RawTracePointContext, now: u64, generation: u32) {
         return;
     }
     let every = OFF_CPU_SAMPLE_EVERY.load().max(1);
-    let key = SampleKey {
-        tgid: wait.tgid,
-        tid,
-        instance: wait.instance,
-        user_stack_id: wait.user_stack_id,
-        kernel_stack_id: wait.kernel_stack_id,
-        comm: wait.comm,
-        kind: wait.kind,
-        reserved: 0,
-        generation: wait.generation,
-        reserved2: 0,
-        cgroup_id: wait.cgroup_id,
-    };
+    let key = wait.key(tid);
     // No overflow: waits are far below 2^44 ns and `every` <= 10^6 (a checked
     // multiply would need a 128-bit helper BPF does not have).
     let counts = if generation & 1 == 1 {

@@ -171,19 +171,7 @@ impl WaitTracker {
             credited.until_ns = flipped_ns;
             credited.ns += ns;
             credited.seen = self.drains;
-            let key = SampleKey {
-                tgid: wait.tgid,
-                tid,
-                instance: wait.instance,
-                user_stack_id: wait.user_stack_id,
-                kernel_stack_id: wait.kernel_stack_id,
-                comm: wait.comm,
-                kind: wait.kind,
-                reserved: 0,
-                generation: wait.generation,
-                reserved2: 0,
-                cgroup_id: wait.cgroup_id,
-            };
+            let key = wait.key(tid);
             let key = if wait.generation == generation {
                 key
             } else {

@@ -133,6 +133,14 @@ impl Symbolizer {
         for sample in &batch.samples {
             let key = sample.key;
             let Some(kind) = crate::kind::SampleKind::from_bpf(key.kind) else {
+                // Only a BPF object other than the embedded one could send
+                // these: say so once, loudly, rather than on every drain.
+                if self.unknown_kinds == 0 {
+                    tracing::warn!(
+                        kind = key.kind,
+                        "samples of an unknown kind are dropped (a mismatched BPF object?)"
+                    );
+                }
                 self.unknown_kinds += 1;
                 continue;
             };

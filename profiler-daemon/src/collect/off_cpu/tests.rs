@@ -25,19 +25,7 @@ fn wait(since_ns: u64, generation: u32, user: i32, kernel: i32) -> Wait {
 /// weighted, under the stacks (and generation) it began with.
 fn ended(wait: &Wait, tid: u32, ended_ns: u64, weight: u64) -> RawSample {
     RawSample {
-        key: SampleKey {
-            tgid: wait.tgid,
-            tid,
-            instance: wait.instance,
-            user_stack_id: wait.user_stack_id,
-            kernel_stack_id: wait.kernel_stack_id,
-            comm: wait.comm,
-            kind: wait.kind,
-            reserved: 0,
-            generation: wait.generation,
-            reserved2: 0,
-            cgroup_id: wait.cgroup_id,
-        },
+        key: wait.key(tid),
         count: weight,
         ns: (ended_ns - wait.since_ns) * weight,
     }
