@@ -128,6 +128,8 @@ pub struct DaemonArgs {
     pub sampling: SamplingArgs,
     #[command(flatten)]
     pub http: HttpArgs,
+    #[command(flatten)]
+    pub push: crate::push::flags::PushArgs,
 }
 
 /// TLS on the TCP listener. SIGHUP re-reads the three files.

@@ -50,6 +50,8 @@ pub struct Config {
     pub tls_cert_file: Option<PathBuf>,
     pub tls_key_file: Option<PathBuf>,
     pub tls_client_ca_file: Option<PathBuf>,
+    /// Where and how to push profiles (a `[push]` table after the keys above).
+    pub push: Option<crate::push::settings::PushSection>,
 }
 
 /// Every error names the file and, when known, the line (`FILE:LINE:`), so
@@ -143,6 +145,28 @@ impl Config {
                     max: *range.end(),
                 });
             }
+        }
+        if let Some(push) = &config.push {
+            for (key, value, range) in push.numbers() {
+                if let Some(value) = value
+                    && !range.contains(&value)
+                {
+                    let bare = key.trim_start_matches("push.");
+                    return Err(ConfigError::OutOfRange {
+                        path: path.to_owned(),
+                        line: line_of_key(text, bare),
+                        key,
+                        value,
+                        min: *range.start(),
+                        max: *range.end(),
+                    });
+                }
+            }
+            push.check().map_err(|message| ConfigError::Parse {
+                path: path.to_owned(),
+                line: None,
+                message: format!("[push]: {message}"),
+            })?;
         }
         Ok(config)
     }
@@ -312,6 +336,49 @@ impl Config {
         ] {
             set(target, value, from_file(key));
         }
+        if let Some(push) = &self.push {
+            apply_push(push, &mut args.push, &from_file);
+        }
+    }
+}
+
+/// The `[push]` section into the push flags not given on the command line;
+/// its targets only when no --push is.
+fn apply_push(
+    push: &crate::push::settings::PushSection,
+    args: &mut crate::push::flags::PushArgs,
+    from_file: &dyn Fn(&str) -> bool,
+) {
+    for (value, target, id) in [
+        (
+            push.interval_seconds,
+            &mut args.push_interval_seconds,
+            "push_interval_seconds",
+        ),
+        (
+            push.timeout_seconds,
+            &mut args.push_timeout_seconds,
+            "push_timeout_seconds",
+        ),
+        (push.spool_kb, &mut args.push_spool_kb, "push_spool_kb"),
+    ] {
+        if let (Some(value), true) = (value, from_file(id)) {
+            *target = value;
+        }
+    }
+    if let (Some(dir), true) = (&push.spool_dir, from_file("push_spool_dir")) {
+        args.push_spool_dir = (!dir.as_os_str().is_empty()).then(|| dir.clone());
+    }
+    if from_file("push_labels") && !push.labels.is_empty() {
+        // Checked by `Config::parse`.
+        args.push_labels = push
+            .labels
+            .iter()
+            .filter_map(|(name, value)| crate::push::settings::ExtraLabel::new(name, value).ok())
+            .collect();
+    }
+    if from_file("push") {
+        args.file_targets.clone_from(&push.targets);
     }
 }
 
@@ -415,7 +482,7 @@ pub fn describe(args: &DaemonArgs) -> String {
         shown(args.tls.tls_cert_file.as_deref()),
         shown(args.tls.tls_key_file.as_deref()),
         shown(args.tls.tls_client_ca_file.as_deref()),
-    )
+    ) + &crate::push::flags::describe(&args.push)
 }
 
 /// A file setting as `check-config` prints it: "" for none.

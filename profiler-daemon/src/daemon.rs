@@ -46,6 +46,10 @@ pub enum DaemonError {
     Serve(#[source] std::io::Error),
     #[error("{0}")]
     StageEnded(StageEnd),
+    #[error("push settings: {0}")]
+    PushSettings(String),
+    #[error("cannot start pushing")]
+    Push(#[source] crate::push::PushError),
 }
 
 impl DaemonError {
@@ -54,7 +58,9 @@ impl DaemonError {
     pub fn exit_status(&self) -> u8 {
         match self {
             Self::Load(_) => EXIT_BPF_LOAD,
-            Self::Access(_) | Self::Tls(_) => crate::config::EXIT_CONFIG,
+            Self::Access(_) | Self::Tls(_) | Self::PushSettings(_) | Self::Push(_) => {
+                crate::config::EXIT_CONFIG
+            }
             Self::StageEnded(_) => supervise::EXIT_STAGE_FAILED,
             Self::Bind { .. } | Self::Pipeline(_) | Self::Serve(_) => 1,
         }
@@ -80,6 +86,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         retention,
         max_bytes: (args.store_max_mb as usize) << 20,
     };
+    let push = args.push.settings(retention).map_err(DaemonError::PushSettings)?;
     let options = args.sampling.pipeline_options(store);
     // No drain for this long is a dead drain stage.
     let stall_limit = (options.drain_interval * STALL_INTERVALS).max(STALL_MIN);
@@ -93,6 +100,8 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         }
         Err(err) => return Err(err.into()),
     };
+    let pusher = crate::push::Pusher::start(&push, pipeline.clone(), &supervisor.reporter())
+        .map_err(DaemonError::Push)?;
     tracing::info!(listen = %args.listen, "profilerd running: {reach}");
     // Under systemd (Type=notify): ready only now, with the programs attached
     // and the listener bound. Without NOTIFY_SOCKET this does nothing.
@@ -114,7 +123,13 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         policy,
         args.http.scrape_limits(),
     )
-    .with_tls(tls.clone());
+    .with_tls(tls.clone())
+    .with_push(
+        pusher
+            .as_ref()
+            .map(|pusher| pusher.stats().to_vec())
+            .unwrap_or_default(),
+    );
     supervisor
         .reporter()
         .watch_task("reload", tokio::spawn(serve::tls::reload_on_sighup(tls, hangups)));
@@ -160,6 +175,13 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     };
     tracing::info!("stopping");
     let deadline = signal_instant(&on_signal).unwrap_or_else(Instant::now) + STOP_BUDGET;
+    if let Some(pusher) = pusher
+        && tokio::time::timeout_at(deadline.into(), pusher.stop())
+            .await
+            .is_err()
+    {
+        tracing::warn!("pushing did not stop within {STOP_BUDGET:?} of the signal");
+    }
     if tokio::time::timeout_at(deadline.into(), shutdown_pipeline(pipeline))
         .await
         .is_err()

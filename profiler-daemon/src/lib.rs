@@ -14,7 +14,8 @@
 //! Every sample carries its [`kind`] (CPU, or an off-CPU wait) from the BPF
 //! key to the encoders; a profile type selects and names them.
 //!
-//! [`pipeline`] wires the stages together; [`supervise`] makes the end of
+//! [`push`] sends windows of the store to a fleet's profile store
+//! (Pyroscope, Parca). [`pipeline`] wires the stages together; [`supervise`] makes the end of
 //! any of them the end of the daemon.
 
 pub mod cgroup;
@@ -26,6 +27,7 @@ pub mod error;
 pub mod kind;
 pub mod pipeline;
 pub mod profile;
+pub mod push;
 pub mod record;
 pub mod serve;
 pub mod store;

@@ -139,6 +139,7 @@ pub struct Pipeline {
     frequency: u64,
     off_cpu: bool,
     map_sizes: MapSizes,
+    started_ms: u64,
 }
 
 impl Pipeline {
@@ -146,6 +147,7 @@ impl Pipeline {
     /// a tokio runtime (the store is a task). Every stage's end goes to
     /// `stages`.
     pub fn start(options: PipelineOptions, stages: &StageReporter) -> Result<Self, PipelineError> {
+        let started_ms = crate::unix_now_ms();
         let (sampler, drainer, events, unwind_maps) = Sampler::start(&options.sampler)?;
         let cpus = sampler.cpus();
         let off_cpu = sampler.off_cpu();
@@ -251,7 +253,14 @@ impl Pipeline {
             frequency: options.sampler.frequency,
             off_cpu,
             map_sizes: options.sampler.map_sizes,
+            started_ms,
         })
+    }
+
+    /// When sampling began (Unix ms, taken just before the sampler was
+    /// attached): the first drain holds what was sampled since.
+    pub fn started_ms(&self) -> u64 {
+        self.started_ms
     }
 
     /// Drains the sampler now; returns, once the drained samples are

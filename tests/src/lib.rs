@@ -11,6 +11,7 @@ pub mod elf_mutants;
 pub mod faulty;
 pub mod hostile;
 pub mod offcpu;
+pub mod parca;
 pub mod perf_oracle;
 pub mod pki;
 pub mod rootfs;

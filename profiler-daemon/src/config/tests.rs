@@ -81,12 +81,39 @@ fn the_key_ranges_are_the_flags_ranges() {
 }
 
 #[test]
+fn the_push_key_ranges_are_the_flags_ranges() {
+    for (key, _, range) in crate::push::settings::PushSection::default().numbers() {
+        let flag = format!("--{}", key.replace('.', "-").replace('_', "-"));
+        let accepts = |value: u64| {
+            Cli::command()
+                .try_get_matches_from(["profilerd", flag.as_str(), &value.to_string()])
+                .is_ok()
+        };
+        assert!(
+            accepts(*range.start()) && accepts(*range.end()),
+            "{flag} {range:?}"
+        );
+        assert!(
+            !accepts(range.start() - 1) && !accepts(range.end() + 1),
+            "{flag} should reject values outside {range:?}"
+        );
+    }
+}
+
+#[test]
 fn every_daemon_flag_has_a_key() {
     let keys: Vec<&str> = RANGES.iter().map(|(key, _)| *key).chain(OTHER_KEYS).collect();
     let command = Cli::command();
     for arg in command.get_arguments() {
         let id = arg.get_id().as_str();
         if ["config", "help", "version"].contains(&id) {
+            continue;
+        }
+        if id.starts_with("push") {
+            assert!(
+                crate::push::flags::FLAG_KEYS.iter().any(|(flag, _)| *flag == id),
+                "flag --{id} has no [push] key"
+            );
             continue;
         }
         assert!(keys.contains(&id), "flag --{id} has no config key");
@@ -131,7 +158,8 @@ fn without_a_file_the_defaults_apply() {
          kernel_stack_map_entries = 8192\nmax_open_files = 1024\nsymbolizer_memory_mb = 1024\n\
          symbolizer_deadline_ms = 5000\nunwind = \"auto\"\nunwind_table_memory_mb = 64\noff_cpu = false\noff_cpu_sample_every = 1\noff_cpu_min_us = 0\nhttp_max_connections = 512\nhttp_header_timeout_ms = 5000\n\
          http_idle_timeout_seconds = 60\nscrape_concurrency = 2\nscrape_queue = 16\nscrape_memory_mb = 32\nscrape_share_ms = 250\naccess_group = \"profilerd\"\naccess_token_file = \"\"\ninsecure = false\n\
-         tls_cert_file = \"\"\ntls_key_file = \"\"\ntls_client_ca_file = \"\"\n"
+         tls_cert_file = \"\"\ntls_key_file = \"\"\ntls_client_ca_file = \"\"\n\
+         \n[push]\ninterval_seconds = 15\ntimeout_seconds = 10\nspool_kb = 65536\nspool_dir = \"\"\nlabels = {  }\n"
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -192,4 +220,89 @@ fn the_shipped_default_config_is_valid_and_documents_every_key() {
             "deploy/profilerd.toml should document {key}"
         );
     }
+}
+
+#[test]
+fn the_push_section_sets_what_no_flag_gave() {
+    let text = "retention_seconds = 300\n\n[push]\ninterval_seconds = 30\nspool_kb = 8192\nlabels = { env = \"prod\" }\n\n\
+                [[push.targets]]\nbackend = \"parca\"\nurl = \"http://127.0.0.1:7070\"\n\n\
+                [[push.targets]]\nbackend = \"pyroscope\"\nurl = \"https://p.example.net\"\ntenant = \"t1\"\n\
+                basic_auth_user = \"42\"\nbasic_auth_password_file = \"/etc/profilerd/p\"\n";
+    let config = Config::parse(text, "t").expect("valid");
+    let (mut args, matches) = daemon_args(&["profilerd", "--push-interval-seconds", "20"]);
+    config.apply(&mut args, &matches);
+    let settings = args
+        .push
+        .settings(std::time::Duration::from_secs(300))
+        .expect("valid settings");
+    assert_eq!(settings.interval.as_secs(), 20, "the flag wins");
+    assert_eq!(settings.spool_bytes, 8 << 20);
+    assert_eq!(settings.targets.len(), 2);
+    assert_eq!(settings.targets[1].tenant.as_deref(), Some("t1"));
+    assert_eq!(settings.labels[0].name, "env");
+    // What check-config prints is a config that gives the same settings.
+    let printed = describe(&args);
+    let reparsed = Config::parse(&printed, "printed").expect("check-config prints valid config");
+    let (mut again, matches) = daemon_args(&["profilerd"]);
+    reparsed.apply(&mut again, &matches);
+    assert_eq!(
+        again
+            .push
+            .settings(std::time::Duration::from_secs(300))
+            .unwrap()
+            .targets,
+        settings.targets
+    );
+}
+
+#[test]
+fn push_flags_replace_the_files_targets() {
+    let config = Config::parse(
+        "[[push.targets]]\nbackend = \"parca\"\nurl = \"http://a:7070\"\n",
+        "t",
+    )
+    .unwrap();
+    let (mut args, matches) = daemon_args(&["profilerd", "--push", "pyroscope=http://b:4040"]);
+    config.apply(&mut args, &matches);
+    let settings = args.push.settings(std::time::Duration::from_secs(300)).unwrap();
+    let names: Vec<_> = settings.targets.iter().map(|target| target.name()).collect();
+    assert_eq!(names, vec!["pyroscope http://b:4040"]);
+}
+
+#[test]
+fn bad_push_sections_are_refused_with_a_reason() {
+    for (text, expected) in [
+        (
+            "[push]\ninterval_seconds = 0\n",
+            "push.interval_seconds = 0 is out of range",
+        ),
+        ("[push]\nlabels = { service_name = \"x\" }\n", "service_name"),
+        (
+            "[[push.targets]]\nbackend = \"parca\"\nurl = \"parca:7070\"\n",
+            "http:// or https://",
+        ),
+        (
+            "[[push.targets]]\nbackend = \"tempo\"\nurl = \"http://x\"\n",
+            "tempo",
+        ),
+        ("[push]\nfrequency = 9\n", "frequency"),
+    ] {
+        let err = Config::parse(text, "t").expect_err(text).to_string();
+        assert!(
+            err.contains(expected),
+            "{text:?}: expected an error about {expected:?}, got {err}"
+        );
+    }
+    let config = Config::parse(
+        "[push]\ninterval_seconds = 300\n[[push.targets]]\nbackend = \"parca\"\nurl = \"http://a\"\n",
+        "t",
+    )
+    .unwrap();
+    let (mut args, matches) = daemon_args(&["profilerd"]);
+    config.apply(&mut args, &matches);
+    let err = args
+        .push
+        .settings(std::time::Duration::from_secs(300))
+        .unwrap_err();
+    assert!(err.contains("retention"), "{err}");
 }

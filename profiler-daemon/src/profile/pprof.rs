@@ -23,10 +23,21 @@ use flate2::{Compression, write::GzEncoder};
 use prost::Message;
 
 use super::Profile;
-use crate::kind::ProfileType;
+use crate::{kind::ProfileType, symbolize::SymbolizedSample};
 use builder::Builder;
 
 const NANOS_PER_SECOND: u64 = 1_000_000_000;
+
+/// Which labels each sample carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SampleLabels {
+    /// Every label the sample has: what readers of this daemon get.
+    All,
+    /// `pid` and `comm` only.
+    Process,
+    /// None (a backend that would make series of them).
+    None,
+}
 
 /// The protobuf bytes of `profile`, uncompressed.
 pub fn encode(profile: &Profile) -> Vec<u8> {
@@ -35,12 +46,20 @@ pub fn encode(profile: &Profile) -> Vec<u8> {
 
 /// The gzip-compressed protobuf, as pprof clients expect on the wire and in files.
 pub fn encode_gzip(profile: &Profile) -> std::io::Result<Vec<u8>> {
-    let raw = encode(profile);
+    gzip(&encode(profile))
+}
+
+/// As [`encode_gzip`], with only the sample labels `labels` keeps.
+pub fn encode_gzip_with(profile: &Profile, labels: SampleLabels) -> std::io::Result<Vec<u8>> {
+    gzip(&build_with(profile, labels).encode_to_vec())
+}
+
+fn gzip(raw: &[u8]) -> std::io::Result<Vec<u8>> {
     // The fastest level, as Go's runtime/pprof: it compresses profiles about
     // 4x at a fraction of the default level's CPU cost, which dominates a
     // large scrape.
     let mut encoder = GzEncoder::new(Vec::with_capacity(raw.len() / 3 + 64), Compression::fast());
-    encoder.write_all(&raw)?;
+    encoder.write_all(raw)?;
     encoder.finish()
 }
 
@@ -51,7 +70,17 @@ pub fn period_nanos(frequency: u64) -> i64 {
 
 /// The pprof message for `profile`.
 pub fn build(profile: &Profile) -> proto::Profile {
+    build_with(profile, SampleLabels::All)
+}
+
+/// The pprof message for `profile`, its samples labelled as `labels` says.
+pub fn build_with(profile: &Profile, labels: SampleLabels) -> proto::Profile {
     let mut builder = Builder::default();
+    // `go tool pprof` names a profile after its first mapping: for one
+    // program's profile, that is its executable rather than the kernel.
+    if let Some(executable) = executable(profile) {
+        builder.mapping(executable);
+    }
     let [count_type, time_type] =
         profile
             .profile_type
@@ -80,33 +109,14 @@ pub fn build(profile: &Profile) -> proto::Profile {
     for sample in order {
         let location_id = builder.stack(&sample.stack);
         let count = to_i64(sample.count);
-        let mut label = vec![
-            builder.number_label(keys.pid, sample.pid),
-            builder.label(keys.comm, &sample.comm),
-            builder.number_label(keys.thread_id, sample.tid),
-            builder.label(keys.thread_name, &sample.thread_name),
-        ];
-        if let Some(wait) = sample.kind.wait_label() {
-            let key = builder.string("wait");
-            label.push(builder.label(key, wait));
-        }
-        // Keys interned when first used: profiles without them stay as they were.
-        if let Some(cgroup) = &sample.cgroup {
-            let key = builder.string("cgroup");
-            label.push(builder.label(key, &cgroup.path));
-            if let Some(unit) = &cgroup.unit {
-                let key = builder.string("unit");
-                label.push(builder.label(key, unit));
-            }
-            if let Some(id) = &cgroup.container_id {
-                let key = builder.string("container_id");
-                label.push(builder.label(key, id));
-            }
-        }
-        if let Some(ns_pid) = sample.ns_pid {
-            let key = builder.string("ns_pid");
-            label.push(builder.number_label(key, ns_pid));
-        }
+        let label = match labels {
+            SampleLabels::All => all_labels(&mut builder, &keys, sample),
+            SampleLabels::Process => vec![
+                builder.number_label(keys.pid, sample.pid),
+                builder.label(keys.comm, &sample.comm),
+            ],
+            SampleLabels::None => Vec::new(),
+        };
         samples.push(proto::Sample {
             location_id,
             // Measured time (CPU time, or the time waited), not count × period.
@@ -130,6 +140,71 @@ pub fn build(profile: &Profile) -> proto::Profile {
         period,
         ..proto::Profile::default()
     }
+}
+
+/// The executable of a profile of one program (every sample of one process
+/// name): the mapping holding the outermost user frame of most samples,
+/// where `_start` and `main` are. None for a profile of several programs.
+fn executable(profile: &Profile) -> Option<&crate::symbolize::Mapping> {
+    let first = profile.samples.first()?;
+    if profile.samples.iter().any(|sample| sample.comm != first.comm) {
+        return None;
+    }
+    let mut weights: Vec<(&crate::symbolize::Mapping, u64)> = Vec::new();
+    for sample in &profile.samples {
+        let outermost = sample
+            .stack
+            .locations
+            .iter()
+            .rev()
+            .find(|location| location.kind == crate::symbolize::FrameKind::User)
+            .and_then(|location| location.mapping.as_deref());
+        let Some(mapping) = outermost else { continue };
+        match weights.iter_mut().find(|(seen, _)| *seen == mapping) {
+            Some((_, weight)) => *weight += sample.count,
+            None => weights.push((mapping, sample.count)),
+        }
+    }
+    weights
+        .into_iter()
+        .max_by_key(|&(_, weight)| weight)
+        .map(|(mapping, _)| mapping)
+}
+
+/// Every label of a sample, as this daemon serves them.
+fn all_labels<'a>(
+    builder: &mut Builder<'a>,
+    keys: &LabelKeys,
+    sample: &'a SymbolizedSample,
+) -> Vec<proto::Label> {
+    let mut label = vec![
+        builder.number_label(keys.pid, sample.pid),
+        builder.label(keys.comm, &sample.comm),
+        builder.number_label(keys.thread_id, sample.tid),
+        builder.label(keys.thread_name, &sample.thread_name),
+    ];
+    if let Some(wait) = sample.kind.wait_label() {
+        let key = builder.string("wait");
+        label.push(builder.label(key, wait));
+    }
+    // Keys interned when first used: profiles without them stay as they were.
+    if let Some(cgroup) = &sample.cgroup {
+        let key = builder.string("cgroup");
+        label.push(builder.label(key, &cgroup.path));
+        if let Some(unit) = &cgroup.unit {
+            let key = builder.string("unit");
+            label.push(builder.label(key, unit));
+        }
+        if let Some(id) = &cgroup.container_id {
+            let key = builder.string("container_id");
+            label.push(builder.label(key, id));
+        }
+    }
+    if let Some(ns_pid) = sample.ns_pid {
+        let key = builder.string("ns_pid");
+        label.push(builder.number_label(key, ns_pid));
+    }
+    label
 }
 
 pub(crate) fn to_i64(value: u64) -> i64 {

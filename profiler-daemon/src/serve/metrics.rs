@@ -6,6 +6,7 @@
 
 mod cgroups;
 mod isolation;
+mod push;
 mod scrapes;
 mod tls;
 mod unwinding;
@@ -82,6 +83,7 @@ pub(super) async fn metrics(State(state): State<ServeState>) -> Result<Response,
         connections: state.connections.stats(),
         tls: state.tls.as_ref().map(|tls| tls.snapshot()),
         scrapes: state.scrapes.stats(),
+        push: state.push.iter().map(|target| target.snapshot()).collect(),
     };
     let mut registry = Registry::with_prefix("profilerd");
     registry.register(
@@ -118,6 +120,7 @@ struct Snapshot {
     /// With TLS only.
     tls: Option<super::tls::TlsSnapshot>,
     scrapes: crate::serve::scrape::ScrapeStats,
+    push: Vec<crate::push::TargetSnapshot>,
 }
 
 impl Collector for Snapshot {
@@ -309,6 +312,7 @@ impl Collector for Snapshot {
             tls::encode(out, snapshot)?;
         }
         scrapes::encode(out, &self.scrapes)?;
+        push::encode(out, &self.push)?;
         encode_connections(out, &self.connections)
     }
 }

@@ -61,6 +61,8 @@ pub struct ServeState {
     access: AccessPolicy,
     tls: Option<Arc<Tls>>,
     scrapes: Arc<Scrapes>,
+    /// One per push target.
+    push: Vec<Arc<crate::push::TargetStats>>,
     /// Becomes true when the server starts shutting down, so that blocking
     /// profile requests return early instead of holding up the exit.
     stopping: watch::Receiver<bool>,
@@ -84,6 +86,7 @@ impl ServeState {
             access,
             tls: None,
             scrapes: Arc::new(Scrapes::new(scrape_limits)),
+            push: Vec::new(),
             stopping,
         }
     }
@@ -91,6 +94,11 @@ impl ServeState {
     /// Serves over TLS (a TCP listener only).
     pub fn with_tls(mut self, tls: Option<Arc<Tls>>) -> Self {
         self.tls = tls;
+        self
+    }
+
+    pub fn with_push(mut self, push: Vec<Arc<crate::push::TargetStats>>) -> Self {
+        self.push = push;
         self
     }
 }

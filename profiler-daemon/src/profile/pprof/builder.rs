@@ -221,7 +221,7 @@ impl<'a> Builder<'a> {
         id
     }
 
-    fn mapping(&mut self, mapping: &'a Mapping) -> u64 {
+    pub fn mapping(&mut self, mapping: &'a Mapping) -> u64 {
         let pointer: *const Mapping = mapping;
         if let Some(&id) = self.mapping_ptrs.get(&pointer) {
             return id;

@@ -1,0 +1,167 @@
+use std::{io::Read, sync::Arc};
+
+use prost::Message;
+
+use super::*;
+use crate::{
+    kind::{ProfileType, SampleKind},
+    profile::pprof::proto,
+    store::Window,
+    symbolize::{FrameKind, Function, Line, Location, SymbolizedSample, SymbolizedStack},
+};
+
+fn window_profile() -> Profile {
+    let stack = |name: &str| {
+        Arc::new(SymbolizedStack {
+            locations: Box::new([Location {
+                kind: FrameKind::User,
+                address: 0x1000,
+                mapping: None,
+                lines: Arc::new([Line {
+                    function: Arc::new(Function {
+                        name: name.into(),
+                        system_name: name.into(),
+                        filename: None,
+                    }),
+                    line: 0,
+                }]),
+                resolved: true,
+            }]),
+        })
+    };
+    let sample =
+        |pid: u32, tid: u32, comm: &str, stack: &Arc<SymbolizedStack>, count: u64| SymbolizedSample {
+            kind: SampleKind::Cpu,
+            pid,
+            tid,
+            comm: comm.into(),
+            uid: Some(0),
+            thread_name: format!("t{tid}").into(),
+            stack: stack.clone(),
+            count,
+            ns: count * 10_101_010,
+            cgroup: None,
+            ns_pid: None,
+        };
+    let (hot, cold) = (stack("hot"), stack("cold"));
+    Profile {
+        window: Window {
+            start_ms: 1_700_000_000_001,
+            end_ms: 1_700_000_015_001,
+        },
+        frequency: 99,
+        profile_type: ProfileType::Cpu,
+        samples: vec![
+            sample(10, 10, "app", &hot, 30),
+            sample(10, 11, "app", &hot, 12),
+            sample(11, 11, "app", &cold, 3),
+            sample(20, 20, "db", &cold, 5),
+        ],
+    }
+}
+
+fn common() -> CommonLabels {
+    CommonLabels {
+        hostname: "host-1".into(),
+        extra: vec![ExtraLabel::new("env", "prod").unwrap()],
+    }
+}
+
+fn gunzip(bytes: &[u8]) -> proto::Profile {
+    let mut raw = Vec::new();
+    flate2::read::GzDecoder::new(bytes).read_to_end(&mut raw).unwrap();
+    proto::Profile::decode(raw.as_slice()).unwrap()
+}
+
+fn label_pairs(labels: &[LabelPair]) -> Vec<(&str, &str)> {
+    labels
+        .iter()
+        .map(|label| (label.name.as_str(), label.value.as_str()))
+        .collect()
+}
+
+#[test]
+fn pyroscope_requests_carry_one_series_per_service_without_sample_labels() {
+    let encoded = encode(Backend::Pyroscope, &window_profile(), &common()).unwrap();
+    assert_eq!((encoded.samples, encoded.series), (50, 2));
+    let request = PushRequest::decode(encoded.message).unwrap();
+    assert_eq!(request.series.len(), 2);
+    let app = &request.series[0];
+    assert_eq!(
+        label_pairs(&app.labels),
+        vec![
+            ("__name__", "process_cpu"),
+            ("env", "prod"),
+            ("hostname", "host-1"),
+            ("service_name", "app"),
+        ],
+        "expected the series labels sorted by name"
+    );
+    assert_eq!(app.samples.len(), 1);
+    let profile = gunzip(&app.samples[0].raw_profile);
+    let names = |index: i64| profile.string_table[index as usize].as_str();
+    let types: Vec<_> = profile
+        .sample_type
+        .iter()
+        .map(|t| (names(t.r#type), names(t.unit)))
+        .collect();
+    assert_eq!(types, vec![("samples", "count"), ("cpu", "nanoseconds")]);
+    let period = profile.period_type.unwrap();
+    assert_eq!(
+        (names(period.r#type), names(period.unit), profile.period),
+        ("cpu", "nanoseconds", 10_101_010)
+    );
+    assert_eq!(profile.time_nanos, 1_700_000_000_001_000_000);
+    assert_eq!(profile.duration_nanos, 15_000_000_000);
+    assert!(
+        profile.sample.iter().all(|sample| sample.label.is_empty()),
+        "Pyroscope gets no sample labels"
+    );
+    let total: i64 = profile.sample.iter().map(|sample| sample.value[0]).sum();
+    assert_eq!(total, 45);
+    assert_eq!(profile.sample.len(), 2, "threads and processes summed per stack");
+}
+
+#[test]
+fn parca_requests_keep_the_process_labels() {
+    let encoded = encode(Backend::Parca, &window_profile(), &common()).unwrap();
+    let request = WriteRawRequest::decode(encoded.message).unwrap();
+    assert!(!request.normalized);
+    let db = &request.series[1];
+    let labels = db.labels.as_ref().unwrap();
+    assert_eq!(
+        label_pairs(&labels.labels),
+        vec![
+            ("__name__", "process_cpu"),
+            ("env", "prod"),
+            ("hostname", "host-1"),
+            ("service_name", "db"),
+        ]
+    );
+    let profile = gunzip(&db.samples[0].raw_profile);
+    let names = |index: i64| profile.string_table[index as usize].as_str();
+    let sample = &profile.sample[0];
+    let labels: Vec<_> = sample
+        .label
+        .iter()
+        .map(|label| (names(label.key), names(label.str)))
+        .collect();
+    assert_eq!(labels, vec![("pid", "20"), ("comm", "db")]);
+}
+
+#[test]
+fn a_configured_hostname_replaces_the_machines() {
+    let common = CommonLabels {
+        hostname: "host-1".into(),
+        extra: vec![ExtraLabel::new("hostname", "web-1.example.net").unwrap()],
+    };
+    let labels = series_labels("app", &common);
+    assert_eq!(
+        label_pairs(&labels),
+        vec![
+            ("__name__", "process_cpu"),
+            ("hostname", "web-1.example.net"),
+            ("service_name", "app")
+        ]
+    );
+}
