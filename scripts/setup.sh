@@ -29,6 +29,24 @@ install_debian_packages() {
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    if [[ " ${missing[*]} " == *" prometheus "* ]]; then
+        quiet_prometheus_server
+    fi
+}
+
+# The prometheus package is here for promtool only. Its postinst enables (and
+# where systemd runs and no policy-rc.d forbids it, starts) a Prometheus
+# server on :9090 that would scrape and store on this machine for nothing.
+# Only a server this script just installed is stopped and disabled.
+quiet_prometheus_server() {
+    local now=()
+    # Without systemd running, disable works offline (the boot-time link).
+    [ -d /run/systemd/system ] && now=(--now)
+    systemctl disable "${now[@]}" prometheus.service >/dev/null 2>&1 || true
+    if ! command -v promtool >/dev/null; then
+        echo "setup: the prometheus package installed no promtool on PATH" >&2
+        exit 1
+    fi
 }
 
 install_rust_toolchains() {

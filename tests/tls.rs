@@ -14,7 +14,7 @@ use profilerd_tests::{
     Workload,
     daemon::{free_port, go_pprof, metric, parse_raw},
     pki::{Pki, Remote, Usage},
-    serial,
+    promtool, serial,
     tls_daemon::{TlsDaemon, curl, path_arg, within_30s},
 };
 
@@ -170,6 +170,10 @@ fn tls_with_a_token_beyond_loopback() {
         metric(&metrics, "profilerd_tls_handshakes_total{outcome=\"ok\"}") >= 4,
         "{metrics}"
     );
+    // curl accepts */*: the text format 0.0.4, TLS families included.
+    if let Err(failure) = promtool::check_metrics(&metrics) {
+        panic!("promtool check metrics must pass on /metrics over TLS: {failure}\n{metrics}");
+    }
     assert!(metric(&metrics, "profilerd_tls_handshakes_total{outcome=\"not_tls\"}") >= 2);
     assert!(metric(&metrics, "profilerd_tls_handshakes_total{outcome=\"timeout\"}") >= 1);
     assert!(

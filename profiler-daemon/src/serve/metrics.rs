@@ -1,10 +1,12 @@
-//! `GET /metrics`: what the daemon is doing, in the Prometheus text format.
+//! `GET /metrics`: what the daemon is doing, in the Prometheus text format
+//! 0.0.4 or OpenMetrics, as the request's `Accept` asks ([`exposition`]).
 //!
 //! Most values are snapshots of counters kept elsewhere (the BPF maps, the
 //! pipeline's status, the store), so they are encoded at scrape time by a
 //! collector; only HTTP requests are counted here.
 
 mod cgroups;
+mod exposition;
 mod isolation;
 mod push;
 mod scrapes;
@@ -15,9 +17,9 @@ use std::fmt;
 
 use axum::{
     extract::{MatchedPath, Request, State},
-    http::{HeaderValue, header},
+    http::HeaderMap,
     middleware::Next,
-    response::{IntoResponse, Response},
+    response::Response,
 };
 use profiler_common::Counter as BpfCounter;
 use prometheus_client::{
@@ -67,7 +69,10 @@ pub(super) async fn count_requests(
     response
 }
 
-pub(super) async fn metrics(State(state): State<ServeState>) -> Result<Response, HttpError> {
+pub(super) async fn metrics(
+    State(state): State<ServeState>,
+    headers: HeaderMap,
+) -> Result<Response, HttpError> {
     let store = state.pipeline.store().stats().await.map_err(store_closed)?;
     let watcher = state.pipeline.watcher_stats();
     let snapshot = Snapshot {
@@ -99,12 +104,7 @@ pub(super) async fn metrics(State(state): State<ServeState>) -> Result<Response,
             format!("encoding metrics: {err}"),
         )
     })?;
-    let mut response = body.into_response();
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
-    );
-    Ok(response)
+    exposition::respond(&headers, body)
 }
 
 #[derive(Debug)]
