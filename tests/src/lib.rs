@@ -13,6 +13,7 @@ pub mod hostile;
 pub mod offcpu;
 pub mod perf_oracle;
 pub mod pki;
+pub mod pprof;
 pub mod rootfs;
 pub mod stacks;
 pub mod tls_daemon;
