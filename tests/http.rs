@@ -5,8 +5,8 @@ use std::{collections::HashSet, time::Duration};
 use profilerd_tests::{
     Workload, artifacts_dir,
     cpu::Expected,
-    daemon::{Daemon, go_pprof, parse_raw},
-    serial, thread_names,
+    daemon::{Daemon, go_pprof, metric, parse_raw},
+    pprof, serial, thread_names,
 };
 
 fn profile_path(name: &str) -> String {
@@ -74,6 +74,102 @@ fn go_tool_pprof_reads_what_the_daemon_serves() {
         top.contains("hot_a"),
         "go tool pprof -seconds 3 {url} should show hot_a:\n{top}"
     );
+}
+
+/// Drains the scrapes were answered from, their own and shared.
+fn scrape_drains(daemon: &Daemon) -> u64 {
+    let text = daemon.get("/metrics").text();
+    ["own", "shared"]
+        .iter()
+        .map(|drain| {
+            metric(
+                &text,
+                &format!("profilerd_scrape_drains_total{{drain=\"{drain}\"}}"),
+            )
+        })
+        .sum()
+}
+
+#[test]
+fn start_and_end_ask_again_for_a_seconds_window() {
+    let _serial = serial();
+    let daemon = Daemon::start(&[]);
+    // Outlives the test however slow the machine; killed on drop.
+    let split = Workload::spawn(env!("WORKLOAD_SPLIT"), &["300"]);
+    split.run_for(Duration::from_secs(2));
+    let pid = split.pid();
+    let total = |file: &str| -> i64 {
+        parse_raw(&go_pprof(&["-raw", file]))
+            .iter()
+            .map(|s| s.values[0])
+            .sum()
+    };
+
+    let last = profile_path("window_seconds.pb.gz");
+    let response = daemon.fetch_pprof(&format!("/pprof?pid={pid}&seconds=5"), last.as_ref());
+    let (time_nanos, duration_nanos) = pprof::window_nanos(&response.body);
+    assert!(
+        time_nanos > 0
+            && duration_nanos > 0
+            && time_nanos % 1_000_000 == 0
+            && duration_nanos % 1_000_000 == 0,
+        "a window of whole milliseconds: time_nanos {time_nanos}, duration_nanos {duration_nanos}"
+    );
+    let (start, end) = (time_nanos / 1_000_000, (time_nanos + duration_nanos) / 1_000_000);
+    let samples = total(&last);
+    assert!(
+        samples > 0,
+        "pid {pid} ran 2 s of CPU: it has samples in the last 5 s"
+    );
+
+    // Later drains add samples after the window, not to it; and nothing drains for it.
+    split.run_for(Duration::from_secs(1));
+    let drains = scrape_drains(&daemon);
+    let again = profile_path("window_start_end.pb.gz");
+    let path = format!("/pprof?pid={pid}&start={start}&end={end}");
+    let response = daemon.fetch_pprof(&path, again.as_ref());
+    assert_eq!(
+        pprof::window_nanos(&response.body),
+        (time_nanos, duration_nanos),
+        "GET {path}: the same window as seconds=5 gave"
+    );
+    assert_eq!(total(&again), samples, "GET {path}: the samples seconds=5 gave");
+    assert_eq!(
+        scrape_drains(&daemon),
+        drains,
+        "GET {path}: answered without a drain"
+    );
+
+    // The views take it too; /threads counts the same CPU samples.
+    let threads: serde_json::Value = serde_json::from_slice(
+        &daemon
+            .get(&format!("/threads?pid={pid}&start={start}&end={end}"))
+            .body,
+    )
+    .expect("/threads answers JSON");
+    assert_eq!(
+        (&threads["window"]["start_ms"], &threads["window"]["end_ms"]),
+        (&start.into(), &end.into()),
+        "/threads reports the window: {threads}"
+    );
+    assert_eq!(
+        threads["processes"][0]["samples"].as_i64(),
+        Some(samples),
+        "/threads counts the samples /pprof did: {threads}"
+    );
+    // With seconds too, or with only one end: one line saying why.
+    for bad in [
+        format!("/pprof?start={start}&end={end}&seconds=5"),
+        format!("/top?start={start}"),
+    ] {
+        let response = daemon.get(&bad);
+        assert_eq!(response.status, 400, "GET {bad}: {}", response.text());
+        assert!(
+            response.text().contains("start"),
+            "GET {bad}: {}",
+            response.text()
+        );
+    }
 }
 
 #[test]

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use profilerd::{
     kind::{ProfileType, SampleKind},
     profile::{Profile, flamegraph, pprof, top},
-    serve::params::{Limits, parse_go_profile, parse_pprof, parse_with_options},
+    serve::params::{Limits, Span, parse_go_profile, parse_pprof, parse_with_options},
     store::{Filter, Window},
     symbolize::{FrameKind, Function, Line, Location, Mapping, SymbolizedSample, SymbolizedStack},
 };
@@ -26,6 +26,8 @@ fn queries() -> impl Strategy<Value = String> {
         Just("tid".to_owned()),
         Just("comm".to_owned()),
         Just("seconds".to_owned()),
+        Just("start".to_owned()),
+        Just("end".to_owned()),
         Just("limit".to_owned()),
         Just("format".to_owned()),
         "[a-z%=&]{0,6}",
@@ -51,12 +53,21 @@ fn queries() -> impl Strategy<Value = String> {
 proptest! {
     #[test]
     fn query_parsing_never_panics_and_only_accepts_valid_values(query in queries()) {
-        for parsed in [parse_pprof(Some(&query), &LIMITS), parse_go_profile(Some(&query), &LIMITS, ProfileType::Cpu)] {
+        let strict = parse_pprof(Some(&query), &LIMITS).map(|params| (params.span, params.filter));
+        let go = parse_go_profile(Some(&query), &LIMITS, ProfileType::Cpu)
+            .map(|params| (Span::Last(params.seconds), params.filter));
+        for parsed in [strict, go] {
             match parsed {
-                Ok(params) => {
-                    prop_assert!((1..=LIMITS.max_seconds).contains(&params.seconds), "{query:?} -> {params:?}");
-                    prop_assert!(params.filter.pids.iter().all(|pid| (1..=LIMITS.pid_max).contains(pid)), "{query:?}");
-                    prop_assert!(params.filter.tids.iter().all(|tid| (1..=LIMITS.pid_max).contains(tid)), "{query:?}");
+                Ok((span, filter)) => {
+                    let valid = match span {
+                        Span::Last(seconds) => (1..=LIMITS.max_seconds).contains(&seconds),
+                        Span::Between(window) => {
+                            window.start_ms < window.end_ms && window.duration_ms() <= LIMITS.max_seconds * 1000
+                        }
+                    };
+                    prop_assert!(valid, "{query:?} -> {span:?}");
+                    prop_assert!(filter.pids.iter().all(|pid| (1..=LIMITS.pid_max).contains(pid)), "{query:?}");
+                    prop_assert!(filter.tids.iter().all(|tid| (1..=LIMITS.pid_max).contains(tid)), "{query:?}");
                 }
                 Err(err) => {
                     let message = err.to_string();

@@ -14,6 +14,7 @@ pub mod offcpu;
 pub mod parca;
 pub mod perf_oracle;
 pub mod pki;
+pub mod pprof;
 pub mod promtool;
 pub mod rootfs;
 pub mod stacks;

@@ -13,7 +13,7 @@ use tokio::sync::watch;
 use super::{
     HttpError, ServeState,
     access::Viewer,
-    params::{self, Limits, ParamError, ProfileParams},
+    params::{self, Limits, ParamError, ProfileParams, Span},
     scrape::{Format, key::ShareKey},
 };
 use crate::{
@@ -37,7 +37,8 @@ pub(super) const UNSUPPORTED_GO_PROFILES: [&str; 7] = [
 /// Largest pid + 1 on 64-bit Linux (PID_MAX_LIMIT), if pid_max cannot be read.
 const PID_MAX_LIMIT: u32 = 1 << 22;
 
-/// `GET /pprof`: the last `seconds` from the store, answered at once.
+/// `GET /pprof`: the last `seconds`, or the window `start` to `end`, from
+/// the store, answered at once.
 pub(super) async fn pprof(
     State(state): State<ServeState>,
     Viewer(visible): Viewer,
@@ -47,11 +48,12 @@ pub(super) async fn pprof(
     recent(&state, params, visible, Format::Pprof).await
 }
 
-/// The last `params.seconds` seconds, including what was sampled up to a
-/// drain that serves a request arriving now, of the processes `visible`
-/// allows, written as `format`: shared with every request that asks for the
-/// same (see [`super::scrape`]). 404 if a requested pid neither runs nor has
-/// samples, as far as the caller may know.
+/// The last `seconds` seconds, including what was sampled up to a drain
+/// that serves a request arriving now, or the window `start` to `end` as
+/// stored (nothing drains for it: see [`params::stored_part`]), of the
+/// processes `visible` allows, written as `format`: shared with every
+/// request that asks for the same (see [`super::scrape`]). 404 if a
+/// requested pid neither runs nor has samples, as far as the caller may know.
 pub(super) async fn recent(
     state: &ServeState,
     mut params: ProfileParams,
@@ -62,9 +64,13 @@ pub(super) async fn recent(
     if format != Format::Threads {
         state.check_type(params.profile_type)?;
     }
-    let now_ms = state.scrapes.drained(&state.pipeline).await?;
+    let window = match params.span {
+        Span::Last(seconds) => Window::last(seconds, state.scrapes.drained(&state.pipeline).await?),
+        Span::Between(window) => {
+            params::stored_part(window, state.pipeline.last_stored().map(|stored| stored.time_ms))
+        }
+    };
     super::cgroup_filter::resolve(state, &mut params.filter, visible).await?;
-    let window = Window::last(params.seconds, now_ms);
     for &pid in &params.filter.pids {
         let Err(reason) = process_runs(pid, visible) else {
             continue;
@@ -79,9 +85,9 @@ pub(super) async fn recent(
             return Err(HttpError::new(
                 StatusCode::NOT_FOUND,
                 format!(
-                    "{reason}, and it has no {} samples in the last {} seconds",
+                    "{reason}, and it has no {} samples in {}",
                     params.profile_type.title(),
-                    params.seconds
+                    params.span
                 ),
             ));
         }

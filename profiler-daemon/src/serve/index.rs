@@ -1,5 +1,5 @@
-//! `GET /`: an HTML page of the processes sampled in the last N seconds,
-//! each linking to its views. Same filters, window, `type` and errors as
+//! `GET /`: an HTML page of the processes sampled in the last N seconds (or
+//! in `start` to `end`), each linking to its views. Same filters, window, `type` and errors as
 //! `/pprof`.
 
 use std::{
@@ -16,7 +16,7 @@ use super::{
     HttpError, ServeState,
     access::Viewer,
     handlers::recent,
-    params,
+    params::{self, Span},
     scrape::Format,
     threads::{self, ProcessReport},
 };
@@ -38,9 +38,9 @@ pub(super) async fn index(
     RawQuery(query): RawQuery,
 ) -> Result<Response, HttpError> {
     let params = params::parse_pprof(query.as_deref(), &state.limits())?;
-    let seconds = params.seconds;
+    let span = params.span;
     let off_cpu = state.pipeline.off_cpu();
-    recent(&state, params, visible, Format::Index { seconds, off_cpu }).await
+    recent(&state, params, visible, Format::Index { span, off_cpu }).await
 }
 
 /// The processes sampled in the window, busiest first (in the profile
@@ -48,7 +48,7 @@ pub(super) async fn index(
 /// Every process and thread name comes from an arbitrary process and is
 /// escaped; nothing is loaded from elsewhere (the page works offline and
 /// leaks nothing).
-pub fn page(profile: &Profile, filter: &Filter, seconds: u64, off_cpu: bool) -> String {
+pub fn page(profile: &Profile, filter: &Filter, span: Span, off_cpu: bool) -> String {
     let profile_type = profile.profile_type;
     let report = threads::report(profile);
     let mut counts: HashMap<u32, u64> = HashMap::new();
@@ -61,9 +61,14 @@ pub fn page(profile: &Profile, filter: &Filter, seconds: u64, off_cpu: bool) -> 
             .cmp(&time_of(profile_type, a))
             .then(a.pid.cmp(&b.pid))
     });
+    // The window the page was asked for, as its links ask again.
+    let window = match span {
+        Span::Last(seconds) => format!("seconds={seconds}"),
+        Span::Between(window) => format!("start={}&amp;end={}", window.start_ms, window.end_ms),
+    };
     let page = Page {
         profile,
-        seconds,
+        window,
         type_query: match profile_type {
             ProfileType::Cpu => String::new(),
             other => format!("&amp;type={other}"),
@@ -77,15 +82,15 @@ pub fn page(profile: &Profile, filter: &Filter, seconds: u64, off_cpu: bool) -> 
     if processes.is_empty() {
         rows.push_str("<tr><td colspan=7>no samples in this window</td></tr>\n");
     }
-    let type_query = &page.type_query;
+    let (window, type_query) = (&page.window, &page.type_query);
     let what = profile_type.title();
     format!(
         "<!doctype html>\n<html><head><meta charset=utf-8><title>profilerd</title><style>\
          body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}\
          td,th{{padding:.3em .8em;border-bottom:1px solid #ddd;text-align:left}}.n{{text-align:right}}</style></head>\
          <body><h1>profilerd</h1><p>{} ({} {}). {}</p>\n<p>{}</p>\
-         <p><a href=\"/flamegraph.svg?seconds={seconds}{type_query}\">whole-system flame graph</a> · \
-         <a href=\"/top?seconds={seconds}{type_query}\">top</a> · <a href=\"/folded?seconds={seconds}{type_query}\">folded</a> · \
+         <p><a href=\"/flamegraph.svg?{window}{type_query}\">whole-system flame graph</a> · \
+         <a href=\"/top?{window}{type_query}\">top</a> · <a href=\"/folded?{window}{type_query}\">folded</a> · \
          <a href=\"/metrics\">metrics</a></p>\n{units}\
          <table><tr><th>pid</th><th>comm</th><th>unit</th><th class=n>{what}</th><th class=n>threads</th>\
          <th class=n>{}</th><th></th></tr>\n{rows}</table></body></html>\n",
@@ -93,7 +98,7 @@ pub fn page(profile: &Profile, filter: &Filter, seconds: u64, off_cpu: bool) -> 
         profile.total_samples(),
         profile_type.sample_types()[0].0,
         explanation(profile_type),
-        type_links(profile_type, seconds, off_cpu),
+        type_links(profile_type, window, off_cpu),
         profile_type.sample_types()[0].0,
     )
 }
@@ -114,7 +119,7 @@ fn explanation(profile_type: ProfileType) -> &'static str {
 }
 
 /// The type shown, and links to the others (or why there are none).
-fn type_links(shown: ProfileType, seconds: u64, off_cpu: bool) -> String {
+fn type_links(shown: ProfileType, window: &str, off_cpu: bool) -> String {
     if !off_cpu {
         return "type: <b>CPU</b> · off-CPU and wall-clock profiles are off (start profilerd with --off-cpu)"
             .to_owned();
@@ -126,7 +131,7 @@ fn type_links(shown: ProfileType, seconds: u64, off_cpu: bool) -> String {
                 format!("<b>{}</b>", profile_type.title())
             } else {
                 format!(
-                    "<a href=\"/?seconds={seconds}&amp;type={profile_type}\">{}</a>",
+                    "<a href=\"/?{window}&amp;type={profile_type}\">{}</a>",
                     profile_type.title()
                 )
             }
@@ -149,7 +154,8 @@ fn time_of(profile_type: ProfileType, process: &ProcessReport) -> u64 {
 /// What every row and link shares.
 struct Page<'a> {
     profile: &'a Profile,
-    seconds: u64,
+    /// `seconds=N`, or `start=S&amp;end=E`.
+    window: String,
     /// `&amp;type=...`, empty for CPU (the default).
     type_query: String,
 }
@@ -163,13 +169,11 @@ impl Page<'_> {
 
     /// Links to the views of `query` (`pid=7`).
     fn links(&self, query: &str) -> String {
-        let (seconds, type_query) = (self.seconds, &self.type_query);
+        let (window, type_query) = (&self.window, &self.type_query);
         ["flamegraph.svg", "top", "pprof"]
             .iter()
             .zip(["flame graph", "top", "pprof"])
-            .map(|(path, text)| {
-                format!("<a href=\"/{path}?{query}&amp;seconds={seconds}{type_query}\">{text}</a>")
-            })
+            .map(|(path, text)| format!("<a href=\"/{path}?{query}&amp;{window}{type_query}\">{text}</a>"))
             .collect::<Vec<_>>()
             .join(" · ")
     }
@@ -238,141 +242,4 @@ impl Page<'_> {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::sync::Arc;
-
-    use super::*;
-    use crate::{
-        store::Window,
-        symbolize::{SymbolizedSample, SymbolizedStack},
-    };
-
-    fn profile(comm: &str, thread_name: &str) -> Profile {
-        Profile {
-            window: Window {
-                start_ms: 1_795_348_800_000,
-                end_ms: 1_795_348_810_000,
-            },
-            frequency: 99,
-            profile_type: ProfileType::Cpu,
-            samples: vec![SymbolizedSample {
-                kind: crate::kind::SampleKind::Cpu,
-                pid: 7,
-                tid: 8,
-                comm: comm.into(),
-                uid: None,
-                thread_name: thread_name.into(),
-                stack: Arc::new(SymbolizedStack {
-                    locations: Box::new([]),
-                }),
-                count: 10,
-                ns: 5_000_000_000,
-                cgroup: Some(Arc::new(crate::cgroup::Cgroup::from_path(
-                    "/system.slice/system-pg.slice/postgresql@16-main.service",
-                ))),
-                ns_pid: None,
-            }],
-        }
-    }
-
-    #[test]
-    fn process_and_thread_names_are_escaped() {
-        let page = page(
-            &profile("<script>alert(1)</script>", "\"><img src=x onerror=alert(2)>"),
-            &Filter::default(),
-            10,
-            false,
-        );
-        assert!(!page.contains("<script>alert"), "{page}");
-        assert!(!page.contains("<img"), "{page}");
-        assert!(page.contains("&lt;script&gt;alert(1)&lt;/script&gt;"), "{page}");
-        assert!(page.contains("title=\"&quot;&gt;&lt;img"), "{page}");
-    }
-
-    #[test]
-    fn rows_show_cpu_share_threads_and_links() {
-        let page = page(&profile("worker", "worker"), &Filter::default(), 10, false);
-        assert!(
-            page.contains("<td>7</td><td>worker</td><td>postgresql@16-main.service</td>"),
-            "{page}"
-        );
-        assert!(
-            page.contains("<tr><td>postgresql@16-main.service</td><td class=n>50.0%</td><td class=n>1</td>"),
-            "the unit's row: {page}"
-        );
-        assert!(
-            page.contains("/flamegraph.svg?unit=postgresql%4016-main.service&amp;seconds=10"),
-            "{page}"
-        );
-        assert!(page.contains("50.0%"), "5 s of CPU in a 10 s window: {page}");
-        for link in [
-            "/flamegraph.svg?pid=7&amp;seconds=10",
-            "/top?pid=7&amp;seconds=10",
-            "/pprof?pid=7&amp;seconds=10",
-        ] {
-            assert!(page.contains(link), "{link} in {page}");
-        }
-        assert!(
-            page.contains("CPU: all processes — 10.0 s from 2026-11-22 12:00:00 UTC"),
-            "{page}"
-        );
-    }
-
-    #[test]
-    fn nothing_external_is_loaded() {
-        let page = page(&profile("worker", "worker"), &Filter::default(), 10, false);
-        for external in ["http:", "https:", "<script", "<link", "<img", "@import", "//"] {
-            assert!(!page.contains(external), "{external} in {page}");
-        }
-    }
-
-    #[test]
-    fn an_empty_window_says_so() {
-        let empty = Profile {
-            samples: Vec::new(),
-            ..profile("x", "x")
-        };
-        assert!(page(&empty, &Filter::default(), 10, false).contains("no samples in this window"));
-    }
-
-    #[test]
-    fn the_type_is_shown_and_switchable_when_off_cpu_is_on() {
-        let cpu = page(&profile("worker", "worker"), &Filter::default(), 10, true);
-        assert!(
-            cpu.contains("type: <b>CPU</b> · <a href=\"/?seconds=10&amp;type=offcpu\">off-CPU</a> · <a href=\"/?seconds=10&amp;type=wall\">wall-clock</a>"),
-            "{cpu}"
-        );
-        let off = page(&profile("worker", "worker"), &Filter::default(), 10, false);
-        assert!(off.contains("start profilerd with --off-cpu"), "{off}");
-        assert!(
-            !off.contains("type=offcpu"),
-            "no links to profiles that are off: {off}"
-        );
-
-        let mut waits = profile("worker", "worker");
-        waits.profile_type = ProfileType::OffCpu;
-        waits.samples[0].kind = crate::kind::SampleKind::OffCpuBlocked;
-        waits.samples[0].ns = 2_500_000_000;
-        let page = page(&waits, &Filter::default(), 10, true);
-        assert!(
-            page.contains("<a href=\"/?seconds=10&amp;type=cpu\">CPU</a> · <b>off-CPU</b>"),
-            "{page}"
-        );
-        assert!(page.contains("off-CPU: all processes — 10.0 s"), "{page}");
-        assert!(
-            page.contains("<th class=n>off-CPU</th>") && page.contains("<th class=n>events</th>"),
-            "{page}"
-        );
-        assert!(
-            page.contains("<td class=n>25.0%</td>"),
-            "2.5 s waited in a 10 s window: {page}"
-        );
-        for link in [
-            "/flamegraph.svg?pid=7&amp;seconds=10&amp;type=offcpu",
-            "/pprof?pid=7&amp;seconds=10&amp;type=offcpu",
-            "/top?seconds=10&amp;type=offcpu",
-        ] {
-            assert!(page.contains(link), "{link} in {page}");
-        }
-    }
-}
+mod tests;

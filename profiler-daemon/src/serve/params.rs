@@ -5,11 +5,14 @@ use std::fmt;
 
 use crate::{cgroup, kind::ProfileType, store::Filter};
 
+mod window;
+pub use window::{Span, stored_part};
+
 /// Longer query strings are refused before parsing (no legitimate request
 /// comes close; a long one is a mistake or an attack).
 pub const MAX_QUERY_BYTES: usize = 4096;
 /// Parameters every profile endpoint accepts.
-const COMMON_PARAMETERS: [&str; 8] = [
+const COMMON_PARAMETERS: [&str; 10] = [
     "pid",
     "tid",
     "comm",
@@ -17,15 +20,14 @@ const COMMON_PARAMETERS: [&str; 8] = [
     "cgroup",
     "container",
     "seconds",
+    "start",
+    "end",
     "type",
 ];
 /// Bytes of a rejected value quoted back in an error message.
 const MAX_QUOTED: usize = 64;
 /// `/proc/PID/comm` of kernel workers can exceed TASK_COMM_LEN; nothing is longer.
 const MAX_COMM_BYTES: usize = 64;
-/// Go's net/http/pprof profiles this long when `seconds` is missing or invalid.
-const GO_DEFAULT_SECONDS: u64 = 30;
-pub const DEFAULT_SECONDS: u64 = 10;
 
 /// What bounds the accepted values.
 #[derive(Clone, Copy, Debug)]
@@ -39,9 +41,19 @@ pub struct Limits {
 /// A validated profile request.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProfileParams {
+    /// `seconds=`, or `start=` and `end=`.
+    pub span: Span,
+    pub filter: Filter,
+    /// `type=`.
+    pub profile_type: ProfileType,
+}
+
+/// A validated Go-compatible profile request: it blocks `seconds`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GoParams {
     pub seconds: u64,
     pub filter: Filter,
-    /// `type=`; the Go paths say it by their name instead.
+    /// Said by the path.
     pub profile_type: ProfileType,
 }
 
@@ -55,8 +67,23 @@ pub enum ParamError {
         value: Quoted,
         expected: String,
     },
-    #[error("seconds: given more than once; expected a single value")]
-    RepeatedSeconds,
+    #[error("{name}: given more than once; expected a single value")]
+    Repeated { name: &'static str },
+    #[error(
+        "seconds cannot be given with start or end: seconds=N asks for the last N seconds, start and end for a window in Unix milliseconds; give one or the other"
+    )]
+    SecondsAndWindow,
+    #[error(
+        "{given} without {missing}: a window needs both start and end, in Unix milliseconds (start inclusive, end exclusive)"
+    )]
+    HalfWindow {
+        given: &'static str,
+        missing: &'static str,
+    },
+    #[error("start {start} is not before end {end}; expected start < end (Unix milliseconds, end exclusive)")]
+    EmptyWindow { start: u64, end: u64 },
+    #[error("start to end is {ms} ms; at most {max_ms} ms (the retention) is accepted")]
+    WindowTooLong { ms: u64, max_ms: u64 },
     #[error("unknown parameter {name}; accepted: {accepted}")]
     Unknown { name: Quoted, accepted: String },
 }
@@ -87,9 +114,10 @@ impl fmt::Display for Quoted {
 pub type EndpointOptions = Vec<(&'static str, String)>;
 
 /// `/pprof`: strict. Unknown parameters and bad seconds are errors; seconds
-/// defaults to [`DEFAULT_SECONDS`] (or the retention if that is shorter).
+/// defaults to [`window::DEFAULT_SECONDS`] (or the retention if that is shorter);
+/// `start` and `end` come together, instead of `seconds`.
 pub fn parse_pprof(query: Option<&str>, limits: &Limits) -> Result<ProfileParams, ParamError> {
-    parse(query, limits, Mode::Strict, &[]).map(|(params, _)| params)
+    parse_with_options(query, limits, &[]).map(|(params, _)| params)
 }
 
 /// As [`parse_pprof`], plus the endpoint's own `options` (each at most once),
@@ -99,21 +127,30 @@ pub fn parse_with_options(
     limits: &Limits,
     options: &[&'static str],
 ) -> Result<(ProfileParams, EndpointOptions), ParamError> {
-    parse(query, limits, Mode::Strict, options)
+    let parsed = parse(query, limits, Mode::Strict, options)?;
+    let params = ProfileParams {
+        span: parsed.window.span(limits)?,
+        filter: parsed.filter,
+        profile_type: parsed.profile_type.unwrap_or_default(),
+    };
+    Ok((params, parsed.options))
 }
 
 /// `/debug/pprof/profile` (and `offcpu`, `wall`): as Go's handler, a
 /// missing, unparsable or non-positive `seconds` means 30, and unknown
 /// parameters are ignored (`type` too: the path names the profile); seconds
-/// beyond the retention and bad filters are still errors.
+/// beyond the retention and bad filters are still errors. `start` and `end`
+/// are not theirs: ignored, as any parameter Go does not know.
 pub fn parse_go_profile(
     query: Option<&str>,
     limits: &Limits,
     profile_type: ProfileType,
-) -> Result<ProfileParams, ParamError> {
-    parse(query, limits, Mode::Go, &[]).map(|(params, _)| ProfileParams {
+) -> Result<GoParams, ParamError> {
+    let parsed = parse(query, limits, Mode::Go, &[])?;
+    Ok(GoParams {
+        seconds: parsed.window.into_go_seconds(limits),
+        filter: parsed.filter,
         profile_type,
-        ..params
     })
 }
 
@@ -123,19 +160,27 @@ enum Mode {
     Go,
 }
 
+/// A query string, each parameter checked on its own.
+struct Parsed {
+    window: window::Given,
+    filter: Filter,
+    profile_type: Option<ProfileType>,
+    options: EndpointOptions,
+}
+
 fn parse(
     query: Option<&str>,
     limits: &Limits,
     mode: Mode,
     options: &[&'static str],
-) -> Result<(ProfileParams, EndpointOptions), ParamError> {
+) -> Result<Parsed, ParamError> {
     let mut chosen = EndpointOptions::new();
     let query = query.unwrap_or_default();
     if query.len() > MAX_QUERY_BYTES {
         return Err(ParamError::TooLong { len: query.len() });
     }
     let mut filter = Filter::default();
-    let mut seconds: Option<u64> = None;
+    let mut window = window::Given::default();
     let mut profile_type: Option<ProfileType> = None;
     for (name, value) in form_urlencoded::parse(query.as_bytes()) {
         match &*name {
@@ -156,12 +201,11 @@ fn parse(
             }
             "container" => push_containers(&mut filter.containers, &value)?,
             "seconds" => match mode {
-                Mode::Strict if seconds.is_some() => return Err(ParamError::RepeatedSeconds),
-                Mode::Strict => seconds = Some(parse_seconds(&value, limits)?),
-                // Go reads the first value only.
-                Mode::Go if seconds.is_some() => {}
-                Mode::Go => seconds = Some(parse_go_seconds(&value, limits)?),
+                Mode::Strict => window.strict_seconds(&value, limits)?,
+                Mode::Go => window.go_seconds(&value, limits)?,
             },
+            "start" if mode == Mode::Strict => window.bound("start", &value)?,
+            "end" if mode == Mode::Strict => window.bound("end", &value)?,
             "type" if mode == Mode::Strict => {
                 if profile_type.is_some() {
                     return Err(ParamError::Invalid {
@@ -201,18 +245,12 @@ fn parse(
             },
         }
     }
-    let default = match mode {
-        Mode::Strict => DEFAULT_SECONDS,
-        Mode::Go => GO_DEFAULT_SECONDS,
-    };
-    Ok((
-        ProfileParams {
-            seconds: seconds.unwrap_or(default.min(limits.max_seconds)),
-            filter,
-            profile_type: profile_type.unwrap_or_default(),
-        },
-        chosen,
-    ))
+    Ok(Parsed {
+        window,
+        filter,
+        profile_type,
+        options: chosen,
+    })
 }
 
 /// One value of a repeatable id parameter: `1,2,3`.
@@ -316,34 +354,6 @@ fn push_containers(containers: &mut Vec<String>, value: &str) -> Result<(), Para
         }
     }
     Ok(())
-}
-
-fn parse_seconds(value: &str, limits: &Limits) -> Result<u64, ParamError> {
-    parse_decimal(value)
-        .filter(|seconds| (1..=limits.max_seconds).contains(seconds))
-        .ok_or_else(|| seconds_error(value, limits))
-}
-
-fn parse_go_seconds(value: &str, limits: &Limits) -> Result<u64, ParamError> {
-    // Go parses a signed 64-bit integer and falls back on anything else.
-    match value.parse::<i64>() {
-        Ok(seconds) if seconds > 0 => {
-            let seconds = seconds.unsigned_abs();
-            if seconds > limits.max_seconds {
-                return Err(seconds_error(value, limits));
-            }
-            Ok(seconds)
-        }
-        _ => Ok(GO_DEFAULT_SECONDS.min(limits.max_seconds)),
-    }
-}
-
-fn seconds_error(value: &str, limits: &Limits) -> ParamError {
-    ParamError::Invalid {
-        name: "seconds",
-        value: Quoted::new(value),
-        expected: format!("an integer from 1 to {} (the retention)", limits.max_seconds),
-    }
 }
 
 /// Digits only: no sign, no spaces, no exponent (so `+5`, ` 5` and `1e9` fail).

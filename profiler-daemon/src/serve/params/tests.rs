@@ -9,11 +9,11 @@ fn pprof(query: &str) -> Result<ProfileParams, ParamError> {
     parse_pprof(Some(query), &LIMITS)
 }
 
-fn go(query: &str) -> Result<ProfileParams, ParamError> {
+fn go(query: &str) -> Result<GoParams, ParamError> {
     parse_go_profile(Some(query), &LIMITS, ProfileType::Cpu)
 }
 
-fn message(result: Result<ProfileParams, ParamError>) -> String {
+fn message<T: fmt::Debug>(result: Result<T, ParamError>) -> String {
     result.expect_err("should be rejected").to_string()
 }
 
@@ -21,7 +21,7 @@ fn message(result: Result<ProfileParams, ParamError>) -> String {
 fn defaults_to_ten_seconds_of_the_whole_system() {
     for query in [None, Some("")] {
         let params = parse_pprof(query, &LIMITS).expect("accepted");
-        assert_eq!(params.seconds, 10);
+        assert_eq!(params.span, Span::Last(10));
         assert_eq!(params.filter, Filter::default());
         assert_eq!(
             params.profile_type,
@@ -33,13 +33,13 @@ fn defaults_to_ten_seconds_of_the_whole_system() {
         max_seconds: 4,
         ..LIMITS
     };
-    assert_eq!(parse_pprof(None, &short).map(|p| p.seconds), Ok(4));
+    assert_eq!(parse_pprof(None, &short).map(|p| p.span), Ok(Span::Last(4)));
 }
 
 #[test]
 fn pids_repeat_and_split_on_commas_without_duplicates() {
     let params = pprof("pid=12,7&pid=12&seconds=60&tid=13&comm=busy&comm=other").expect("accepted");
-    assert_eq!(params.seconds, 60);
+    assert_eq!(params.span, Span::Last(60));
     assert_eq!(params.filter.pids, [12, 7]);
     assert_eq!(params.filter.tids, [13]);
     assert_eq!(params.filter.comms, ["busy", "other"]);
@@ -101,7 +101,7 @@ fn bad_seconds_name_the_parameter_and_the_retention() {
             format!("seconds: {value:?} is not accepted; expected an integer from 1 to 300 (the retention)"),
         );
     }
-    assert_eq!(pprof("seconds=300").map(|p| p.seconds), Ok(300));
+    assert_eq!(pprof("seconds=300").map(|p| p.span), Ok(Span::Last(300)));
     assert_eq!(
         message(pprof("seconds=5&seconds=6")),
         "seconds: given more than once; expected a single value"
@@ -120,7 +120,7 @@ fn bad_comms_are_rejected() {
 fn unknown_parameters_are_rejected_on_pprof_and_ignored_by_go() {
     assert_eq!(
         message(pprof("pid=1&debug=1")),
-        "unknown parameter \"debug\"; accepted: pid, tid, comm, unit, cgroup, container, seconds, type"
+        "unknown parameter \"debug\"; accepted: pid, tid, comm, unit, cgroup, container, seconds, start, end, type"
     );
     assert_eq!(go("debug=1&gc=1").map(|p| p.seconds), Ok(30));
 }
@@ -179,7 +179,7 @@ fn with_options(query: &str) -> Result<(ProfileParams, EndpointOptions), ParamEr
 fn endpoint_options_are_returned_in_order_beside_the_filters() {
     let (params, options) = with_options("limit=5&pid=3&format=json").expect("accepted");
     assert_eq!(params.filter.pids, vec![3]);
-    assert_eq!(params.seconds, DEFAULT_SECONDS);
+    assert_eq!(params.span, Span::Last(window::DEFAULT_SECONDS));
     assert_eq!(
         options,
         vec![("limit", "5".to_owned()), ("format", "json".to_owned())]
@@ -206,12 +206,12 @@ fn endpoint_options_are_single_valued_and_listed_when_a_name_is_unknown() {
             .map(|_| ())
             .expect_err("unknown")
             .to_string(),
-        "unknown parameter \"icicle\"; accepted: pid, tid, comm, unit, cgroup, container, seconds, type, format, limit"
+        "unknown parameter \"icicle\"; accepted: pid, tid, comm, unit, cgroup, container, seconds, start, end, type, format, limit"
     );
     // Another endpoint's options are not /pprof's.
     assert_eq!(
         message(pprof("format=json")),
-        "unknown parameter \"format\"; accepted: pid, tid, comm, unit, cgroup, container, seconds, type"
+        "unknown parameter \"format\"; accepted: pid, tid, comm, unit, cgroup, container, seconds, start, end, type"
     );
     // The common parameters keep their own rules.
     assert!(with_options("seconds=0&format=json").is_err());

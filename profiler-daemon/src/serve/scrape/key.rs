@@ -2,6 +2,7 @@
 
 use crate::{
     kind::ProfileType,
+    serve::params::Span,
     store::{Filter, Visible, Window},
 };
 
@@ -18,9 +19,9 @@ pub enum Format {
     Top { json: bool, limit: usize },
     /// `/flamegraph.svg`.
     Flamegraph { icicle: bool },
-    /// `/`, whose links ask for the same `seconds`; `off_cpu` says whether
-    /// it offers the off-CPU and wall types.
-    Index { seconds: u64, off_cpu: bool },
+    /// `/`, whose links ask for the same `seconds` (or `start` and `end`);
+    /// `off_cpu` says whether it offers the off-CPU and wall types.
+    Index { span: Span, off_cpu: bool },
 }
 
 /// Two requests with equal keys get the same answer: the same window (so

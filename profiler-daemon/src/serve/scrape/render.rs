@@ -51,8 +51,8 @@ pub fn render(format: Format, profile: &Profile, filter: &Filter) -> std::io::Re
             "image/svg+xml",
             false,
         ),
-        Format::Index { seconds, off_cpu } => (
-            index::page(profile, filter, seconds, off_cpu).into_bytes(),
+        Format::Index { span, off_cpu } => (
+            index::page(profile, filter, span, off_cpu).into_bytes(),
             "text/html; charset=utf-8",
             false,
         ),
