@@ -196,6 +196,19 @@ fn pid_filters_isolate_processes() {
         raw.iter().all(|s| !s.functions.iter().any(|f| f == "read_zeros")),
         "B's functions must not appear in A's profile"
     );
+    // pprof names a profile after its first mapping: one process's profile
+    // is named after its executable, not the kernel.
+    let executable = std::path::Path::new(env!("WORKLOAD_SPLIT"))
+        .file_name()
+        .and_then(|name| name.to_str())
+        .expect("the workload's file name");
+    let top = go_pprof(&["-top", &only_a]);
+    assert!(
+        top.lines()
+            .any(|line| line.trim() == format!("File: {executable}")),
+        "expected go tool pprof to name A's profile after {executable}:\n{}",
+        top.lines().take(6).collect::<Vec<_>>().join("\n")
+    );
 
     let both = profile_path("a_and_b.pb.gz");
     daemon.fetch_pprof(

@@ -175,12 +175,14 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     };
     tracing::info!("stopping");
     let deadline = signal_instant(&on_signal).unwrap_or_else(Instant::now) + STOP_BUDGET;
+    // Pushing gets part of the budget: the pipeline must stop in the rest.
+    let push_deadline = deadline.min(Instant::now() + PUSH_STOP_BUDGET);
     if let Some(pusher) = pusher
-        && tokio::time::timeout_at(deadline.into(), pusher.stop())
+        && tokio::time::timeout_at(push_deadline.into(), pusher.stop())
             .await
             .is_err()
     {
-        tracing::warn!("pushing did not stop within {STOP_BUDGET:?} of the signal");
+        tracing::warn!("pushing did not stop within {PUSH_STOP_BUDGET:?}");
     }
     if tokio::time::timeout_at(deadline.into(), shutdown_pipeline(pipeline))
         .await
@@ -226,6 +228,10 @@ const STALL_MIN: Duration = Duration::from_secs(30);
 /// How long in-flight responses may take after SIGTERM/SIGINT before their
 /// connections are closed.
 const GRACE: Duration = Duration::from_secs(3);
+
+/// Of the stop budget, what the last push may take (a last drain, its
+/// window cut and the queue sent for [`crate::push::sender::FLUSH_GRACE`]).
+const PUSH_STOP_BUDGET: Duration = Duration::from_millis(2800);
 
 /// From the signal to returning from [`run`]: within the 5 s the daemon
 /// promises (systemd's TimeoutStopSec is 10 s).

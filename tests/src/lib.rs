@@ -9,6 +9,7 @@ pub mod daemon;
 pub mod elf;
 pub mod elf_mutants;
 pub mod faulty;
+pub mod fleet;
 pub mod hostile;
 pub mod offcpu;
 pub mod parca;

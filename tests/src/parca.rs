@@ -1,7 +1,8 @@
 //! A real Parca server for the fleet tests: built once per machine from its
 //! Go module (the version pinned in scripts/toolchain.env) into
 //! /var/cache/profilerd-tests, started on loopback by each test, and read
-//! back through its own query API (the HTTP gateway under /api).
+//! back through its own query API (gRPC, with its own client: the HTTP
+//! gateway it registers answers 404 under /api in this version).
 
 use std::{
     collections::HashMap,
@@ -95,7 +96,6 @@ pub struct Parca {
     child: Option<Child>,
     pub port: u16,
     dir: PathBuf,
-    agent: ureq::Agent,
 }
 
 impl Parca {
@@ -103,6 +103,11 @@ impl Parca {
     /// the key; empty for none), its data in a fresh directory, persisted so
     /// that a restart keeps what it stored.
     pub fn start(name: &str, scrape_configs: &str) -> Self {
+        Self::start_on(name, free_port(), scrape_configs)
+    }
+
+    /// As [`Parca::start`], on a given port.
+    pub fn start_on(name: &str, port: u16, scrape_configs: &str) -> Self {
         let dir = std::env::temp_dir().join(format!("profilerd-parca-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("creating Parca's directory");
@@ -116,16 +121,10 @@ impl Parca {
             }
         );
         std::fs::write(dir.join("parca.yaml"), config).expect("writing parca.yaml");
-        let agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_global(Some(Duration::from_secs(60)))
-            .build()
-            .into();
         let mut parca = Parca {
             child: None,
-            port: free_port(),
+            port,
             dir,
-            agent,
         };
         parca.launch();
         parca
@@ -155,7 +154,7 @@ impl Parca {
             {
                 panic!("parca exited at start ({status}):\n{}", self.log());
             }
-            if self.get("/api/profiles/types").0 == 200 {
+            if self.ready() {
                 return;
             }
             std::thread::sleep(Duration::from_millis(200));
@@ -192,107 +191,70 @@ impl Parca {
         lines[lines.len().saturating_sub(30)..].join("\n")
     }
 
-    fn get(&self, path_and_query: &str) -> (u16, String) {
-        match self
-            .agent
-            .get(&format!("http://127.0.0.1:{}{path_and_query}", self.port))
-            .call()
-        {
-            Ok(mut response) => (
-                response.status().as_u16(),
-                response.body_mut().read_to_string().unwrap_or_default(),
-            ),
-            Err(err) => (0, err.to_string()),
-        }
+    fn ready(&self) -> bool {
+        std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok()
+            && Command::new(query_tool())
+                .args(["-addr", &self.addr(), "labels", "0", "1"])
+                .output()
+                .is_ok_and(|output| output.status.success())
     }
 
-    fn query_json(&self, path: &str, params: &[(&str, String)]) -> serde_json::Value {
-        let query: Vec<String> = params
-            .iter()
-            .map(|(name, value)| format!("{name}={}", percent_encode(value)))
-            .collect();
-        let (status, body) = self.get(&format!("{path}?{}", query.join("&")));
-        assert_eq!(
-            status,
-            200,
-            "Parca {path} {params:?} answered {status}: {body}\nlog:\n{}",
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    fn query(&self, args: &[&str]) -> serde_json::Value {
+        let output = Command::new(query_tool())
+            .args(["-addr", &self.addr()])
+            .args(args)
+            .output()
+            .expect("running parca_query");
+        assert!(
+            output.status.success(),
+            "parca_query {args:?} failed: {}\nParca's log:\n{}",
+            String::from_utf8_lossy(&output.stderr),
             self.log()
         );
-        serde_json::from_str(&body).unwrap_or_else(|err| panic!("Parca {path}: {err}: {body}"))
+        serde_json::from_slice(&output.stdout).unwrap_or_else(|err| panic!("parca_query {args:?}: {err}"))
     }
 
     /// Flat samples per function name of the profiles `query` selects in
-    /// [start_ms, end_ms], merged (Parca's own top table).
+    /// [start_ms, end_ms], merged: Parca's own top table.
     pub fn top(&self, query: &str, start_ms: u64, end_ms: u64) -> HashMap<String, i64> {
-        let json = self.query_json(
-            "/api/profiles/query",
-            &[
-                ("mode", "MODE_MERGE".into()),
-                ("merge.query", query.into()),
-                ("merge.start", rfc3339(start_ms)),
-                ("merge.end", rfc3339(end_ms)),
-                ("reportType", "REPORT_TYPE_TOP".into()),
-            ],
-        );
-        let mut flat: HashMap<String, i64> = HashMap::new();
-        for node in json["top"]["list"]
-            .as_array()
-            .map(Vec::as_slice)
+        let json = self.query(&["top", query, &start_ms.to_string(), &end_ms.to_string()]);
+        json["flat"]
+            .as_object()
+            .map(|flat| {
+                flat.iter()
+                    .map(|(name, value)| (name.clone(), value.as_i64().unwrap_or(0)))
+                    .collect()
+            })
             .unwrap_or_default()
-        {
-            let name = node["meta"]["function"]["name"]
-                .as_str()
-                .unwrap_or("?")
-                .to_owned();
-            *flat.entry(name).or_default() += int(&node["flat"]);
-        }
-        flat
     }
 
-    /// Every profile `query` selects in [start_ms, end_ms], as
-    /// (its start in Unix ms, its duration in ms, its total value), summed
-    /// over series per profile time, oldest first.
+    /// Every profile `query` selects in [start_ms, end_ms], as (its start
+    /// in Unix ms, its duration in ms, its value summed over series),
+    /// oldest first.
     pub fn profiles(&self, query: &str, start_ms: u64, end_ms: u64) -> Vec<(u64, u64, i64)> {
-        let json = self.query_json(
-            "/api/profiles/query_range",
-            &[
-                ("query", query.into()),
-                ("start", rfc3339(start_ms)),
-                ("end", rfc3339(end_ms)),
-                ("step", "1s".into()),
-            ],
-        );
-        let mut by_time: std::collections::BTreeMap<u64, (u64, i64)> = Default::default();
-        for series in json["series"].as_array().map(Vec::as_slice).unwrap_or_default() {
-            for sample in series["samples"]
-                .as_array()
-                .map(Vec::as_slice)
-                .unwrap_or_default()
-            {
-                let time = sample["timestamp"]
-                    .as_str()
-                    .map(parse_rfc3339)
-                    .expect("a sample timestamp");
-                let duration_ms = u64::try_from(int(&sample["duration"])).unwrap_or(0) / 1_000_000;
-                let entry = by_time.entry(time).or_default();
-                entry.0 = entry.0.max(duration_ms);
-                entry.1 += int(&sample["value"]);
-            }
-        }
-        by_time
-            .into_iter()
-            .map(|(time, (duration, value))| (time, duration, value))
+        let json = self.query(&["range", query, &start_ms.to_string(), &end_ms.to_string()]);
+        json.as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+            .iter()
+            .map(|point| {
+                (
+                    point["time_ms"].as_u64().unwrap_or(0),
+                    point["duration_ms"].as_u64().unwrap_or(0),
+                    point["value"].as_i64().unwrap_or(0),
+                )
+            })
             .collect()
     }
 
     /// Label names Parca knows in [start_ms, end_ms].
     pub fn label_names(&self, start_ms: u64, end_ms: u64) -> Vec<String> {
-        let json = self.query_json(
-            "/api/profiles/labels",
-            &[("start", rfc3339(start_ms)), ("end", rfc3339(end_ms))],
-        );
-        json["labelNames"]
-            .as_array()
+        let json = self.query(&["labels", &start_ms.to_string(), &end_ms.to_string()]);
+        json.as_array()
             .map(|names| {
                 names
                     .iter()
@@ -303,6 +265,31 @@ impl Parca {
     }
 }
 
+/// tests/tools/parca_query, built with Parca's own generated gRPC client
+/// (the same module version as the server): Parca's query API as its UI
+/// and CLI use it. Built once per test process (Go caches the build).
+pub fn query_tool() -> PathBuf {
+    static TOOL: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    TOOL.get_or_init(|| {
+        let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/parca_query");
+        let out = std::env::temp_dir().join(format!("profilerd-parca-query-{}", std::process::id()));
+        let build = Command::new("go")
+            .args(["build", "-o"])
+            .arg(&out)
+            .arg(".")
+            .current_dir(&source)
+            .output()
+            .expect("running go build");
+        assert!(
+            build.status.success(),
+            "building tests/tools/parca_query failed:\n{}",
+            String::from_utf8_lossy(&build.stderr)
+        );
+        out
+    })
+    .clone()
+}
+
 impl Drop for Parca {
     fn drop(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -310,91 +297,5 @@ impl Drop for Parca {
             let _ = child.wait();
         }
         let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// JSON int64s come as strings from the gateway.
-fn int(value: &serde_json::Value) -> i64 {
-    match value {
-        serde_json::Value::String(text) => text.parse().unwrap_or(0),
-        serde_json::Value::Number(number) => number.as_i64().unwrap_or(0),
-        _ => 0,
-    }
-}
-
-fn percent_encode(value: &str) -> String {
-    value
-        .bytes()
-        .map(|byte| match byte {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (byte as char).to_string(),
-            _ => format!("%{byte:02X}"),
-        })
-        .collect()
-}
-
-/// Unix milliseconds as RFC 3339 (UTC, milliseconds).
-pub fn rfc3339(ms: u64) -> String {
-    let (days, rest) = (ms / 86_400_000, ms % 86_400_000);
-    let (year, month, day) = civil_from_days(days as i64);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rest / 3_600_000,
-        rest / 60_000 % 60,
-        rest / 1000 % 60,
-        rest % 1000
-    )
-}
-
-/// RFC 3339 (UTC, as the gateway writes it) to Unix milliseconds.
-pub fn parse_rfc3339(text: &str) -> u64 {
-    let parse = |range: std::ops::Range<usize>| -> i64 {
-        text.get(range)
-            .and_then(|part| part.parse().ok())
-            .unwrap_or_else(|| panic!("a timestamp: {text}"))
-    };
-    let days = days_from_civil(parse(0..4), parse(5..7), parse(8..10));
-    let seconds = days * 86_400 + parse(11..13) * 3600 + parse(14..16) * 60 + parse(17..19);
-    let fraction = text[19..].trim_end_matches('Z');
-    let millis = fraction
-        .strip_prefix('.')
-        .map(|digits| format!("{digits:0<3}")[..3].parse::<i64>().unwrap_or(0))
-        .unwrap_or(0);
-    u64::try_from(seconds * 1000 + millis).expect("a timestamp after 1970")
-}
-
-// Howard Hinnant's days <-> civil date algorithms (proleptic Gregorian).
-fn civil_from_days(days: i64) -> (i64, i64, i64) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    (yoe + era * 400 + i64::from(month <= 2), month, day)
-}
-
-fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
-    let year = if month <= 2 { year - 1 } else { year };
-    let era = year.div_euclid(400);
-    let yoe = year - era * 400;
-    let mp = if month > 2 { month - 3 } else { month + 9 };
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn timestamps_round_trip() {
-        for ms in [0, 1_700_000_000_123, 1_795_000_000_999, 951_782_400_000] {
-            assert_eq!(parse_rfc3339(&rfc3339(ms)), ms, "{}", rfc3339(ms));
-        }
-        assert_eq!(rfc3339(1_700_000_000_123), "2023-11-14T22:13:20.123Z");
-        assert_eq!(parse_rfc3339("2023-11-14T22:13:20Z"), 1_700_000_000_000);
     }
 }

@@ -83,7 +83,7 @@ fn the_key_ranges_are_the_flags_ranges() {
 #[test]
 fn the_push_key_ranges_are_the_flags_ranges() {
     for (key, _, range) in crate::push::settings::PushSection::default().numbers() {
-        let flag = format!("--{}", key.replace('.', "-").replace('_', "-"));
+        let flag = format!("--{}", key.replace(['.', '_'], "-"));
         let accepts = |value: u64| {
             Cli::command()
                 .try_get_matches_from(["profilerd", flag.as_str(), &value.to_string()])

@@ -279,7 +279,11 @@ impl Cutter {
         let encoded = tokio::task::spawn_blocking(move || {
             backends
                 .into_iter()
-                .map(|backend| (backend, encode(backend, &profile, &common)))
+                .map(|backend| {
+                    let cpu_before = thread_cpu_ns();
+                    let request = encode(backend, &profile, &common);
+                    (backend, request, thread_cpu_ns().saturating_sub(cpu_before))
+                })
                 .collect::<Vec<_>>()
         })
         .await;
@@ -289,9 +293,13 @@ impl Cutter {
             Err(_) => return,
         };
         for (backend, tx, stats) in &self.outlets {
-            let Some((_, result)) = encoded.iter().find(|(encoded_for, _)| encoded_for == backend) else {
+            let Some((_, result, cpu_ns)) = encoded.iter().find(|(encoded_for, ..)| encoded_for == backend)
+            else {
                 continue;
             };
+            stats
+                .encode_cpu_ns
+                .fetch_add(*cpu_ns, std::sync::atomic::Ordering::Relaxed);
             match result {
                 Ok(request) => {
                     let queued = Queued {
@@ -325,4 +333,19 @@ impl Cutter {
             }
         }
     }
+}
+
+/// CPU time of the calling thread (CLOCK_THREAD_CPUTIME_ID), in ns: what
+/// encoding a window costs, whatever else the machine is doing.
+fn thread_cpu_ns() -> u64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec, which `now` is.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
+    if rc != 0 {
+        return 0;
+    }
+    u64::try_from(now.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(now.tv_nsec).unwrap_or(0)
 }

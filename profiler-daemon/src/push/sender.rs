@@ -70,14 +70,25 @@ impl Sender {
                 let attempt = attempt(&client, &target, &queued, timeout);
                 tokio::pin!(attempt);
                 loop {
+                    // Far away until the daemon stops: then the grace's end.
+                    let give_up = flush_until.unwrap_or_else(|| Instant::now() + LAST_BACKOFF);
                     tokio::select! {
-                        result = &mut attempt => break result,
+                        result = &mut attempt => break Some(result),
                         next = windows.recv(), if flush_until.is_none() => match next {
                             Some(next) => queue.enqueue(next),
                             None => flush_until = Some(Instant::now() + FLUSH_GRACE),
                         },
+                        () = tokio::time::sleep_until(give_up), if flush_until.is_some() => break None,
                     }
                 }
+            };
+            let Some(result) = result else {
+                // Stopping, and the grace is over: the window stays queued
+                // (and on disk, with a spool directory).
+                queue.spool.put_back(queued);
+                queue.publish();
+                queue.give_up_at_exit();
+                return;
             };
             match result {
                 Ok(()) => {

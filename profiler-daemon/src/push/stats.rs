@@ -27,6 +27,10 @@ pub struct TargetStats {
     pub oldest_queued_ms: AtomicU64,
     /// When a push was last accepted (Unix ms), 0 before the first.
     pub last_accepted_ms: AtomicU64,
+    /// CPU time spent encoding the windows handed to this target (shared
+    /// with the other targets of its backend: each window is encoded once
+    /// per backend).
+    pub encode_cpu_ns: AtomicU64,
 }
 
 /// A copy of one target's counters, for one scrape.
@@ -45,6 +49,7 @@ pub struct TargetSnapshot {
     pub queued_bytes: u64,
     pub oldest_queued_ms: u64,
     pub last_accepted_ms: u64,
+    pub encode_cpu_ns: u64,
 }
 
 impl TargetStats {
@@ -70,6 +75,7 @@ impl TargetStats {
             queued_bytes: self.queued_bytes.load(Relaxed),
             oldest_queued_ms: self.oldest_queued_ms.load(Relaxed),
             last_accepted_ms: self.last_accepted_ms.load(Relaxed),
+            encode_cpu_ns: self.encode_cpu_ns.load(Relaxed),
         }
     }
 }

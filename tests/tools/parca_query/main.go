@@ -76,7 +76,8 @@ func main() {
 	case args[0] == "range" && len(args) == 4:
 		response, err := client.QueryRange(ctx, &querypb.QueryRangeRequest{
 			Query: args[1], Start: millis(args[2]), End: millis(args[3]),
-			Step: durationpb.New(time.Second),
+			// One millisecond: each profile its own point at its own time.
+			Step: durationpb.New(time.Millisecond),
 		})
 		if err != nil {
 			fail("range: %v", err)

@@ -61,19 +61,26 @@ pub fn encode(out: &mut DescriptorEncoder, targets: &[TargetSnapshot]) -> fmt::R
         targets,
         |target| vec![("", target.dropped_samples)],
     )?;
-    gauges(
+    float_counters(
+        out,
+        "push_encode_cpu_seconds",
+        "CPU time encoding the windows for the target (shared by targets of one backend: a window is encoded once per backend)",
+        targets,
+        |target| target.encode_cpu_ns as f64 / 1e9,
+    )?;
+    int_gauges(
         out,
         "push_queue_windows",
         "Windows waiting to be pushed",
         targets,
-        |target| target.queued_windows as f64,
+        |target| target.queued_windows,
     )?;
-    gauges(
+    int_gauges(
         out,
         "push_queue_bytes",
         "Bytes of the windows waiting to be pushed (the one being sent included)",
         targets,
-        |target| target.queued_bytes as f64,
+        |target| target.queued_bytes,
     )?;
     gauges(
         out,
@@ -119,6 +126,37 @@ fn counters(
                 counter.encode(family.encode_family(&labels)?)?;
             }
         }
+    }
+    Ok(())
+}
+
+fn int_gauges(
+    out: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    targets: &[TargetSnapshot],
+    value: impl Fn(&TargetSnapshot) -> u64,
+) -> fmt::Result {
+    let mut family = out.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    for target in targets {
+        let labels = [("target", target.name.as_str())];
+        ConstGauge::new(i64::try_from(value(target)).unwrap_or(i64::MAX))
+            .encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+fn float_counters(
+    out: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    targets: &[TargetSnapshot],
+    value: impl Fn(&TargetSnapshot) -> f64,
+) -> fmt::Result {
+    let mut family = out.encode_descriptor(name, help, None, MetricType::Counter)?;
+    for target in targets {
+        let labels = [("target", target.name.as_str())];
+        ConstCounter::new(value(target)).encode(family.encode_family(&labels)?)?;
     }
     Ok(())
 }

@@ -1,0 +1,341 @@
+//! profilerd in a fleet, against a real Parca server (v0.21.0, built from
+//! its Go module once per machine; see tests/src/parca.rs): Parca scrapes
+//! profilerd; profilerd pushes to Parca; Parca goes away for a minute and
+//! comes back; a small spool gives up the oldest windows. Parca is read back
+//! through its own query API and compared with profilerd's own answers.
+
+use std::time::{Duration, Instant};
+
+use profilerd_tests::{
+    Workload,
+    daemon::{Daemon, free_port, metric},
+    fleet::{exact_start, own_top, share},
+    parca::Parca,
+    serial,
+};
+
+const SPLIT: &str = env!("WORKLOAD_SPLIT");
+/// The CPU profile type, as Parca names what both paths store.
+const CPU: &str = "process_cpu:samples:count:cpu:nanoseconds:delta";
+/// Parca reports samples as samples × period: 1e9 / 99 Hz.
+const PERIOD_NS: i64 = 1_000_000_000 / 99;
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("a clock after 1970")
+        .as_millis() as u64
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .expect("the hostname")
+        .trim()
+        .to_owned()
+}
+
+/// Waits until `ready` holds, polling; panics with `what` after `limit`.
+fn wait_until(limit: Duration, what: &str, mut ready: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if ready() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    panic!("waited {limit:?} for {what}");
+}
+
+fn push_metric(daemon: &Daemon, name: &str, target: &str, extra: &str) -> u64 {
+    let text = daemon.get("/metrics").text();
+    metric(&text, &format!("profilerd_{name}{{target=\"{target}\"{extra}}}"))
+}
+
+/// hot_a's and hot_b's shares in Parca's top and in profilerd's own for the
+/// same window, within 2 points of each other.
+fn assert_same_shares(
+    parca: &std::collections::HashMap<String, i64>,
+    own: &std::collections::HashMap<String, i64>,
+    what: &str,
+) {
+    for function in ["hot_a", "hot_b"] {
+        let (theirs, ours) = (share(parca, function), share(own, function));
+        assert!(
+            (theirs - ours).abs() <= 0.02,
+            "{what}: {function} is {:.2}% of the workload's samples in Parca and {:.2}% in profilerd's /top \
+             (expected within 2 points)\nParca: {parca:?}\nprofilerd: {own:?}",
+            theirs * 100.0,
+            ours * 100.0
+        );
+    }
+    assert!(
+        share(own, "hot_a") > 0.5,
+        "{what}: expected hot_a to dominate the split workload: {own:?}"
+    );
+}
+
+#[test]
+fn parca_scrapes_the_go_endpoint_and_sees_the_same_shares_as_top() {
+    let _serial = serial();
+    let daemon = Daemon::start(&[]);
+    let scrape = format!(
+        "  - job_name: \"profilerd\"\n    scrape_interval: \"5s\"\n    scrape_timeout: \"10s\"\n    static_configs:\n      - targets: [\"{}\"]\n\
+         \x20   profiling_config:\n      pprof_config:\n        process_cpu:\n          enabled: true\n          delta: true\n          path: /debug/pprof/profile\n\
+         \x20       memory:\n          enabled: false\n        block:\n          enabled: false\n        mutex:\n          enabled: false\n        goroutine:\n          enabled: false\n",
+        daemon.addr
+    );
+    let parca = Parca::start("scrape", &scrape);
+    let started = now_ms();
+    let workload = Workload::spawn(SPLIT, &["16"]);
+    let pid = workload.pid();
+    workload.wait();
+    // The scrape in flight when the workload ended, and the one after.
+    std::thread::sleep(Duration::from_secs(11));
+    let ended = now_ms();
+    let query = format!("{CPU}{{job=\"profilerd\",comm=\"split\"}}");
+    let scrapes = parca.profiles(&format!("{CPU}{{job=\"profilerd\"}}"), started, ended);
+    assert!(
+        scrapes.len() >= 3,
+        "expected Parca to have scraped at least 3 profiles in 27 s, got {scrapes:?}\n{}",
+        parca.log()
+    );
+    let theirs = parca.top(&query, started, ended);
+    // The scraped windows' span (Parca reports their starts to the second).
+    let first = scrapes.first().map(|(start, ..)| *start).unwrap_or(started);
+    let last = scrapes
+        .iter()
+        .map(|(start, duration, _)| start + duration + 1000)
+        .max()
+        .unwrap_or(ended);
+    let (ours, _) = own_top(&daemon, &format!("&pid={pid}"), first, last);
+    assert_same_shares(&theirs, &ours, "scraped by Parca");
+}
+
+#[test]
+fn pushed_windows_reach_parca_under_the_expected_labels_with_the_same_shares() {
+    let _serial = serial();
+    let parca = Parca::start("push", "");
+    let target = format!("parca=http://{}", parca.addr());
+    let daemon = Daemon::start(&[
+        "--push",
+        &target,
+        "--push-interval-seconds",
+        "2",
+        "--push-label",
+        "env=fleet-test",
+    ]);
+    let started = now_ms();
+    let workload = Workload::spawn(SPLIT, &["10"]);
+    workload.wait();
+    std::thread::sleep(Duration::from_secs(5));
+    let ended = now_ms();
+    let host = hostname();
+    let series = format!("{CPU}{{service_name=\"split\",hostname=\"{host}\",env=\"fleet-test\"}}");
+    let windows = parca.profiles(&series, started, ended);
+    assert!(
+        windows.len() >= 4,
+        "expected a pushed window every 2 s for the workload's 10 s, got {windows:?}\n{}",
+        parca.log()
+    );
+    let theirs = parca.top(&series, started, ended);
+    let first = windows.first().map(|(start, ..)| *start).unwrap_or(started);
+    let last = windows
+        .iter()
+        .map(|(start, duration, _)| start + duration + 1000)
+        .max()
+        .unwrap_or(ended);
+    let (ours, _) = own_top(&daemon, "&comm=split", first, last);
+    assert_same_shares(&theirs, &ours, "pushed to Parca");
+    let names = parca.label_names(started, ended);
+    // `__name__` is the profile type Parca was queried by.
+    for expected in ["service_name", "hostname", "env"] {
+        assert!(
+            names.iter().any(|name| name == expected),
+            "expected a {expected} label in Parca, got {names:?}"
+        );
+    }
+    for churning in ["thread_id", "thread_name", "tid"] {
+        assert!(
+            !names.iter().any(|name| name == churning),
+            "{churning} must not reach Parca: {names:?}"
+        );
+    }
+    let parca_target = format!("parca http://{}", parca.addr());
+    assert!(
+        push_metric(
+            &daemon,
+            "push_attempts_total",
+            &parca_target,
+            ",outcome=\"accepted\""
+        ) >= 4
+    );
+    assert!(push_metric(&daemon, "push_bytes_total", &parca_target, "") > 0);
+}
+
+#[test]
+fn windows_sampled_while_parca_is_down_arrive_once_when_it_is_back() {
+    let _serial = serial();
+    let mut parca = Parca::start("outage", "");
+    let target = format!("parca=http://{}", parca.addr());
+    let parca_target = format!("parca http://{}", parca.addr());
+    let daemon = Daemon::start(&[
+        "--push",
+        &target,
+        "--push-interval-seconds",
+        "2",
+        "--push-label",
+        "env=outage-test",
+    ]);
+    let started = now_ms();
+    let workload = Workload::spawn(SPLIT, &["100"]);
+    wait_until(Duration::from_secs(30), "a first accepted push", || {
+        push_metric(
+            &daemon,
+            "push_attempts_total",
+            &parca_target,
+            ",outcome=\"accepted\"",
+        ) >= 2
+    });
+    parca.stop();
+    let stopped = now_ms();
+    std::thread::sleep(Duration::from_secs(60));
+    let queued = push_metric(&daemon, "push_queue_windows", &parca_target, "");
+    assert!(
+        queued >= 20,
+        "expected the windows of a minute queued while Parca is down, got {queued}"
+    );
+    assert!(
+        push_metric(
+            &daemon,
+            "push_attempts_total",
+            &parca_target,
+            ",outcome=\"failed\""
+        ) > 0
+    );
+    parca.restart();
+    let restarted = now_ms();
+    wait_until(
+        Duration::from_secs(90),
+        "the queue to drain once Parca is back",
+        || push_metric(&daemon, "push_queue_windows", &parca_target, "") == 0,
+    );
+    drop(workload);
+    std::thread::sleep(Duration::from_secs(3));
+    let ended = now_ms();
+    assert_eq!(
+        push_metric(
+            &daemon,
+            "push_dropped_windows_total",
+            &parca_target,
+            ",reason=\"spool_full\""
+        ),
+        0
+    );
+    let windows = parca.profiles(&format!("{CPU}{{env=\"outage-test\"}}"), started, ended);
+    let during: Vec<_> = windows
+        .iter()
+        .filter(|(start, ..)| (stopped.saturating_sub(1000)..restarted).contains(start))
+        .collect();
+    assert!(
+        during.len() >= 25,
+        "expected the ~30 windows of the minute Parca was down to arrive, got {} of {windows:?}",
+        during.len()
+    );
+    // Every window, exactly: contiguous (none skipped), and with the sample
+    // total profilerd has for it (none counted twice).
+    let mut previous_end: Option<u64> = None;
+    for &(floor_ms, duration_ms, value) in &windows {
+        let start = exact_start(&daemon, floor_ms, duration_ms).unwrap_or_else(|| {
+            panic!("no drain of profilerd's starts a {duration_ms} ms window in the second at {floor_ms}")
+        });
+        if let Some(end) = previous_end {
+            assert_eq!(
+                start, end,
+                "windows must follow each other: a gap or an overlap at {start} in {windows:?}"
+            );
+        }
+        previous_end = Some(start + duration_ms);
+        assert_eq!(value % PERIOD_NS, 0, "Parca's value {value} is samples × period");
+        let (own, _) = own_top(&daemon, "", start, start + duration_ms);
+        let own_total: i64 = own.values().sum();
+        assert_eq!(
+            value / PERIOD_NS,
+            own_total,
+            "window {start}..{}: Parca holds {} samples, profilerd has {own_total}",
+            start + duration_ms,
+            value / PERIOD_NS
+        );
+    }
+}
+
+#[test]
+fn a_small_spool_gives_up_the_oldest_windows_and_counts_them() {
+    let _serial = serial();
+    // Nothing listens there yet: the backend is down from the start.
+    let port = free_port();
+    let target = format!("parca=http://127.0.0.1:{port}");
+    let parca_target = format!("parca http://127.0.0.1:{port}");
+    let bound = 32 * 1024;
+    let daemon = Daemon::start(&[
+        "--push",
+        &target,
+        "--push-interval-seconds",
+        "1",
+        "--push-spool-kb",
+        "32",
+        "--push-label",
+        "env=spool-test",
+    ]);
+    let started = now_ms();
+    let workload = Workload::spawn(SPLIT, &["40"]);
+    let mut largest = 0;
+    wait_until(
+        Duration::from_secs(40),
+        "windows dropped from the full spool",
+        || {
+            largest = largest.max(push_metric(&daemon, "push_queue_bytes", &parca_target, ""));
+            push_metric(
+                &daemon,
+                "push_dropped_windows_total",
+                &parca_target,
+                ",reason=\"spool_full\"",
+            ) >= 3
+        },
+    );
+    for _ in 0..8 {
+        largest = largest.max(push_metric(&daemon, "push_queue_bytes", &parca_target, ""));
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert!(
+        largest <= bound,
+        "the spool held {largest} bytes, over its bound of {bound}"
+    );
+    assert!(push_metric(&daemon, "push_dropped_samples_total", &parca_target, "") > 0);
+    // The daemon keeps serving meanwhile.
+    let profile = daemon.get("/pprof?seconds=5");
+    assert_eq!(
+        profile.status,
+        200,
+        "/pprof while the backend is down: {}",
+        profile.text()
+    );
+    let queued = push_metric(&daemon, "push_queue_windows", &parca_target, "");
+    assert!(queued >= 1, "expected windows still queued, got {queued}");
+    // What is left in the spool is the newest: once a server is there, the
+    // windows it gets begin well after the first ones were cut.
+    let parca = Parca::start_on("spool", port, "");
+    wait_until(Duration::from_secs(60), "the queue to drain", || {
+        push_metric(&daemon, "push_queue_windows", &parca_target, "") == 0
+    });
+    drop(workload);
+    let windows = parca.profiles(&format!("{CPU}{{env=\"spool-test\"}}"), started, now_ms());
+    let oldest = windows
+        .first()
+        .map(|(start, ..)| *start)
+        .expect("some windows in Parca");
+    assert!(
+        oldest >= started + 5000,
+        "expected the oldest windows given up, but Parca has one from {} ms after the start: {windows:?}",
+        oldest - started
+    );
+}
