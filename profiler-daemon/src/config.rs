@@ -337,48 +337,8 @@ impl Config {
             set(target, value, from_file(key));
         }
         if let Some(push) = &self.push {
-            apply_push(push, &mut args.push, &from_file);
+            args.push.apply_section(push, &from_file);
         }
-    }
-}
-
-/// The `[push]` section into the push flags not given on the command line;
-/// its targets only when no --push is.
-fn apply_push(
-    push: &crate::push::settings::PushSection,
-    args: &mut crate::push::flags::PushArgs,
-    from_file: &dyn Fn(&str) -> bool,
-) {
-    for (value, target, id) in [
-        (
-            push.interval_seconds,
-            &mut args.push_interval_seconds,
-            "push_interval_seconds",
-        ),
-        (
-            push.timeout_seconds,
-            &mut args.push_timeout_seconds,
-            "push_timeout_seconds",
-        ),
-        (push.spool_kb, &mut args.push_spool_kb, "push_spool_kb"),
-    ] {
-        if let (Some(value), true) = (value, from_file(id)) {
-            *target = value;
-        }
-    }
-    if let (Some(dir), true) = (&push.spool_dir, from_file("push_spool_dir")) {
-        args.push_spool_dir = (!dir.as_os_str().is_empty()).then(|| dir.clone());
-    }
-    if from_file("push_labels") && !push.labels.is_empty() {
-        // Checked by `Config::parse`.
-        args.push_labels = push
-            .labels
-            .iter()
-            .filter_map(|(name, value)| crate::push::settings::ExtraLabel::new(name, value).ok())
-            .collect();
-    }
-    if from_file("push") {
-        args.file_targets.clone_from(&push.targets);
     }
 }
 

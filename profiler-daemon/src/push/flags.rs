@@ -5,7 +5,7 @@ use std::{path::PathBuf, time::Duration};
 
 use clap::Args;
 
-use super::settings::{self, ExtraLabel, PushSettings, Target, TargetSection, TargetSpec};
+use super::settings::{self, ExtraLabel, PushSection, PushSettings, Target, TargetSection, TargetSpec};
 
 /// Each push flag and the `[push]` key that sets it (`targets.KEY`: a key
 /// of each `[[push.targets]]`).
@@ -73,6 +73,43 @@ pub struct PushArgs {
 }
 
 impl PushArgs {
+    /// The `[push]` section into the push flags not given on the command line;
+    /// its targets only when no --push is.
+    pub fn apply_section(&mut self, push: &PushSection, from_file: &dyn Fn(&str) -> bool) {
+        let args = self;
+        for (value, target, id) in [
+            (
+                push.interval_seconds,
+                &mut args.push_interval_seconds,
+                "push_interval_seconds",
+            ),
+            (
+                push.timeout_seconds,
+                &mut args.push_timeout_seconds,
+                "push_timeout_seconds",
+            ),
+            (push.spool_kb, &mut args.push_spool_kb, "push_spool_kb"),
+        ] {
+            if let (Some(value), true) = (value, from_file(id)) {
+                *target = value;
+            }
+        }
+        if let (Some(dir), true) = (&push.spool_dir, from_file("push_spool_dir")) {
+            args.push_spool_dir = (!dir.as_os_str().is_empty()).then(|| dir.clone());
+        }
+        if from_file("push_labels") && !push.labels.is_empty() {
+            // Checked by `Config::parse`.
+            args.push_labels = push
+                .labels
+                .iter()
+                .filter_map(|(name, value)| ExtraLabel::new(name, value).ok())
+                .collect();
+        }
+        if from_file("push") {
+            args.file_targets.clone_from(&push.targets);
+        }
+    }
+
     /// The settings, checked: every target's URL and auth, and the
     /// interval against the store's retention (a window must still be in
     /// the store when it is cut).

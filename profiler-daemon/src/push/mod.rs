@@ -7,10 +7,11 @@
 //! to each target's [`sender`], which queues it in a bounded [`spool`] and
 //! sends it over [`client`] in the backend's protocol ([`backend`]).
 //!
-//! cutter -> (per target) sender { spool } -> client -> backend
+//! [`cutter`] -> (per target) [`sender`] { [`spool`] } -> [`client`] -> backend
 
 mod backend;
 mod client;
+mod cutter;
 pub mod flags;
 pub mod proto;
 mod request;
@@ -20,7 +21,7 @@ pub mod settings;
 mod spool;
 mod stats;
 
-use std::{path::PathBuf, sync::Arc, time::Duration};
+use std::{path::PathBuf, sync::Arc};
 
 use tokio::sync::{mpsc, watch};
 
@@ -28,13 +29,9 @@ pub use request::{CommonLabels, encode};
 pub use settings::{Backend, PushSettings, Target};
 pub use stats::{TargetSnapshot, TargetStats};
 
-use crate::{
-    kind::ProfileType,
-    pipeline::Pipeline,
-    store::{Filter, Query, Visible, Window},
-    supervise::StageReporter,
-};
-use spool::{Queued, Spool};
+use crate::{pipeline::Pipeline, supervise::StageReporter};
+use cutter::Cutter;
+use spool::Spool;
 
 /// Windows handed to a sender and not yet taken in: a few, since a sender
 /// takes each one at once (even mid-send).
@@ -210,142 +207,4 @@ fn spool_dir_name(index: usize, target: &Target) -> String {
         target.backend.name(),
         target.endpoint.port
     )
-}
-
-struct Cutter {
-    pipeline: Arc<Pipeline>,
-    outlets: Vec<(Backend, mpsc::Sender<Queued>, Arc<TargetStats>)>,
-    common: CommonLabels,
-    interval: Duration,
-}
-
-impl Cutter {
-    async fn run(self, mut stopped: watch::Receiver<bool>, _done: tokio::sync::oneshot::Sender<()>) {
-        // The first window starts where sampling did.
-        let mut last_ms = self.pipeline.started_ms().saturating_sub(1);
-        let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + self.interval, self.interval);
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = ticks.tick() => {}
-                // Sent once, at stop (or the sender is gone: stopping too).
-                _ = stopped.changed() => {
-                    // What was sampled since the last drain goes too.
-                    if let Err(err) = self.pipeline.drain_now().await {
-                        tracing::warn!("push: no last drain at stop: {err}");
-                    }
-                    self.cut(&mut last_ms).await;
-                    return;
-                }
-            }
-            self.cut(&mut last_ms).await;
-        }
-    }
-
-    /// Cuts the window of drains after `last_ms` up to the newest stored,
-    /// and hands it to every target.
-    async fn cut(&self, last_ms: &mut u64) {
-        let Some(newest) = self.pipeline.last_stored() else {
-            return;
-        };
-        if newest.time_ms <= *last_ms {
-            return;
-        }
-        let window = Window::between_drains(*last_ms, newest.time_ms);
-        let query = Query {
-            window,
-            filter: Filter::default(),
-            visible: Visible::All,
-            profile_type: ProfileType::Cpu,
-        };
-        let Ok(mut profile) = self.pipeline.store().query(query).await else {
-            // The store is gone: the daemon is stopping (or failing, which
-            // the supervisor reports).
-            return;
-        };
-        *last_ms = newest.time_ms;
-        if profile.samples.is_empty() {
-            return;
-        }
-        profile.window = window;
-        let mut backends: Vec<Backend> = Vec::new();
-        for (backend, ..) in &self.outlets {
-            if !backends.contains(backend) {
-                backends.push(*backend);
-            }
-        }
-        let common = self.common.clone();
-        // Encoding is CPU work (pprof building, gzip): off the async threads.
-        let encoded = tokio::task::spawn_blocking(move || {
-            backends
-                .into_iter()
-                .map(|backend| {
-                    let cpu_before = thread_cpu_ns();
-                    let request = encode(backend, &profile, &common);
-                    (backend, request, thread_cpu_ns().saturating_sub(cpu_before))
-                })
-                .collect::<Vec<_>>()
-        })
-        .await;
-        let encoded = match encoded {
-            Ok(encoded) => encoded,
-            Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
-            Err(_) => return,
-        };
-        for (backend, tx, stats) in &self.outlets {
-            let Some((_, result, cpu_ns)) = encoded.iter().find(|(encoded_for, ..)| encoded_for == backend)
-            else {
-                continue;
-            };
-            stats
-                .encode_cpu_ns
-                .fetch_add(*cpu_ns, std::sync::atomic::Ordering::Relaxed);
-            match result {
-                Ok(request) => {
-                    let queued = Queued {
-                        window,
-                        samples: request.samples,
-                        message: request.message.clone(),
-                    };
-                    // A sender takes windows in even mid-send: full only if
-                    // it is gone, or stuck, which the count shows.
-                    if let Err(err) = tx.try_send(queued) {
-                        let queued = match err {
-                            mpsc::error::TrySendError::Full(queued)
-                            | mpsc::error::TrySendError::Closed(queued) => queued,
-                        };
-                        stats
-                            .dropped_full
-                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        stats
-                            .dropped_samples
-                            .fetch_add(queued.samples, std::sync::atomic::Ordering::Relaxed);
-                        tracing::warn!(target = %stats.name, "push: the sender did not take window {}..{} ms; dropped", window.start_ms, window.end_ms);
-                    }
-                }
-                Err(err) => {
-                    tracing::error!(
-                        "push: encoding window {}..{} ms: {err}",
-                        window.start_ms,
-                        window.end_ms
-                    );
-                }
-            }
-        }
-    }
-}
-
-/// CPU time of the calling thread (CLOCK_THREAD_CPUTIME_ID), in ns: what
-/// encoding a window costs, whatever else the machine is doing.
-fn thread_cpu_ns() -> u64 {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec, which `now` is.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
-    if rc != 0 {
-        return 0;
-    }
-    u64::try_from(now.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(now.tv_nsec).unwrap_or(0)
 }
