@@ -38,7 +38,12 @@ pub struct Endpoint {
 impl Endpoint {
     /// The URL of `method` (`/package.Service/Method`) on this endpoint.
     pub fn url_of(&self, method: &str) -> String {
-        format!("{}{}{method}", self.origin(), self.prefix)
+        format!("{}{}", self.origin(), self.path_of(method))
+    }
+
+    /// The path of `method` on this endpoint, its prefix included.
+    pub fn path_of(&self, method: &str) -> String {
+        format!("{}{method}", self.prefix)
     }
 
     pub fn origin(&self) -> String {
@@ -354,6 +359,10 @@ mod tests {
         assert_eq!(
             endpoint.url_of("/push.v1.PusherService/Push"),
             "https://profiles.example.net/pyroscope/push.v1.PusherService/Push"
+        );
+        assert_eq!(
+            endpoint.path_of("/push.v1.PusherService/Push"),
+            "/pyroscope/push.v1.PusherService/Push"
         );
         let endpoint: Endpoint = "http://[::1]:4040".parse().unwrap();
         assert_eq!((endpoint.host.as_str(), endpoint.port), ("::1", 4040));
