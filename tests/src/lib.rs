@@ -2,6 +2,7 @@
 //! what it wrote. Everything here panics with a message saying what was expected.
 
 pub mod attacker;
+pub mod capture;
 pub mod chromium;
 pub mod container;
 pub mod cpu;
@@ -17,6 +18,8 @@ pub mod perf_oracle;
 pub mod pki;
 pub mod pprof;
 pub mod promtool;
+pub mod protowire;
+pub mod pyroscope;
 pub mod rootfs;
 pub mod stacks;
 pub mod tls_daemon;

@@ -117,7 +117,13 @@ impl Client {
         if let Some(value) = authorization(&self.auth)? {
             headers.insert(header::AUTHORIZATION, value);
         }
-        let uri = self.endpoint.url_of(method);
+        // HTTP/1.1 to an origin server takes the path alone (origin-form,
+        // RFC 9112 3.2.1; the absolute form is for proxies), the host in
+        // `Host`; HTTP/2 takes the whole URL (`:scheme`, `:authority`).
+        let uri = match self.version {
+            Version::Http1 => self.endpoint.path_of(method),
+            Version::Http2 => self.endpoint.url_of(method),
+        };
         let mut request = Request::post(&uri)
             .body(Full::new(body))
             .map_err(|err| Failure::refused(format!("{uri}: {err}")))?;

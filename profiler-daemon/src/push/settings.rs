@@ -38,7 +38,12 @@ pub struct Endpoint {
 impl Endpoint {
     /// The URL of `method` (`/package.Service/Method`) on this endpoint.
     pub fn url_of(&self, method: &str) -> String {
-        format!("{}{}{method}", self.origin(), self.prefix)
+        format!("{}{}", self.origin(), self.path_of(method))
+    }
+
+    /// The path of `method` on this endpoint, its prefix included.
+    pub fn path_of(&self, method: &str) -> String {
+        format!("{}{method}", self.prefix)
     }
 
     pub fn origin(&self) -> String {
@@ -341,5 +346,6 @@ pub fn hostname() -> String {
         .unwrap_or_else(|| "localhost".to_owned())
 }
 
+#[cfg(test)]
 #[cfg(test)]
 mod tests;

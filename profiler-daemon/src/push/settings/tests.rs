@@ -10,6 +10,10 @@ fn endpoints_parse_with_and_without_ports_and_prefixes() {
         endpoint.url_of("/push.v1.PusherService/Push"),
         "https://profiles.example.net/pyroscope/push.v1.PusherService/Push"
     );
+    assert_eq!(
+        endpoint.path_of("/push.v1.PusherService/Push"),
+        "/pyroscope/push.v1.PusherService/Push"
+    );
     let endpoint: Endpoint = "http://[::1]:4040".parse().unwrap();
     assert_eq!((endpoint.host.as_str(), endpoint.port), ("::1", 4040));
     assert_eq!(endpoint.to_string(), "http://[::1]:4040");
