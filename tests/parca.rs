@@ -60,6 +60,7 @@ fn assert_same_shares(
 ) {
     for function in ["hot_a", "hot_b"] {
         let (theirs, ours) = (share(parca, function), share(own, function));
+        eprintln!("{what}: {function} {:.2}% in Parca, {:.2}% in /top", theirs * 100.0, ours * 100.0);
         assert!(
             (theirs - ours).abs() <= 0.02,
             "{what}: {function} is {:.2}% of the workload's samples in Parca and {:.2}% in profilerd's /top \

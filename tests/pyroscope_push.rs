@@ -27,7 +27,7 @@ const TOKEN: &str = "pyroscope-test-token";
 const TENANT: &str = "tenant-1";
 /// Pushes answered in all: the first refused for a while (503), then
 /// accepted, one refused for good (400), accepted again.
-const PUSHES: usize = 8;
+const PUSHES: usize = 40;
 const UNAVAILABLE_AT: usize = 0;
 const INVALID_AT: usize = 4;
 /// Pyroscope's ingestion window (reject_older_than, reject_newer_than).
@@ -206,12 +206,17 @@ fn check_retries(pushes: &[Push]) {
 /// One window as pushed: its times, and its samples of the workload.
 struct Window {
     times: ProfileTimes,
-    /// `go tool pprof -raw` of the workload's series.
+    /// The services of its requests, each once.
+    services: Vec<String>,
+    /// `go tool pprof -raw` of the workload's series, if it came.
     split: Vec<profilerd_tests::daemon::RawSample>,
 }
 
-/// Every push's message and profiles against the Push API, and the windows
-/// they carry: contiguous, each once.
+/// Every push's message and profile against the Push API, and the windows
+/// they carry: one series per request (Pyroscope may keep some series of a
+/// request it answers with an error, so a retry of several would count
+/// those twice); a window's requests one after another, each service once;
+/// windows contiguous.
 fn check_windows(pushes: &[Push], scratch: &Path) -> Vec<Window> {
     let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .expect("reading the hostname")
@@ -225,71 +230,87 @@ fn check_windows(pushes: &[Push], scratch: &Path) -> Vec<Window> {
         }
         let request = decode_push_request(&push.request.body);
         check_series_labels(&request, &hostname, &[("env", "test")]);
-        let mut times: Option<ProfileTimes> = None;
-        let mut split = None;
-        for series in &request.series {
-            assert!(
-                !series.samples.is_empty(),
-                "expected a profile in every series, got none in {:?}",
-                series.labels
-            );
-            for sample in &series.samples {
-                check_sample_id(&sample.id);
-                let profile = gunzip_profile(&sample.raw_profile);
-                assert!(
-                    profile.len() < MAX_UNCOMPRESSED_PROFILE,
-                    "expected each profile under 2 MiB uncompressed (Pyroscope's burst limit), got {} bytes for {:?}",
-                    profile.len(),
-                    series.labels
-                );
-                let these = check_pprof(&profile);
-                let lower = push.at_nanos - OLDEST.as_nanos() as i64;
-                let upper = push.at_nanos + NEWEST.as_nanos() as i64;
-                assert!(
-                    lower < these.time_nanos && these.time_nanos < upper,
-                    "expected time_nanos within Pyroscope's ingestion window ({lower}, {upper}), got {}",
-                    these.time_nanos
-                );
-                assert!(
-                    times.is_none_or(|times| times == these),
-                    "expected every profile of push {index} to cover one window, got {times:?} and {these:?}"
-                );
-                times = Some(these);
-                let raw = read_with_go_pprof(&profile, scratch, index);
-                if series.label("service_name") == Some("split") {
-                    split = Some(raw);
-                }
-            }
-        }
-        let times = times.unwrap_or_else(|| panic!("expected profiles in push {index}, got none"));
-        let split = split.unwrap_or_else(|| {
-            let names: Vec<_> = request.series.iter().map(|s| s.label("service_name")).collect();
-            panic!("expected a series with service_name=\"split\" in push {index}, got {names:?}")
-        });
-        if let Some(previous) = windows.last() {
-            let end_ms = (previous.times.time_nanos + previous.times.duration_nanos) / 1_000_000;
-            assert_eq!(
-                times.time_nanos / 1_000_000,
-                end_ms,
-                "expected push {index}'s window to start (ms) where the previous one ended, got {times:?} after {:?}",
-                previous.times
-            );
-        }
+        assert_eq!(
+            request.series.len(),
+            1,
+            "expected one series per request in push {index}, got {}",
+            request.series.len()
+        );
+        let series = &request.series[0];
+        assert_eq!(
+            series.samples.len(),
+            1,
+            "expected one profile in push {index}'s series"
+        );
+        let sample = &series.samples[0];
+        check_sample_id(&sample.id);
+        let profile = gunzip_profile(&sample.raw_profile);
+        assert!(
+            profile.len() < MAX_UNCOMPRESSED_PROFILE,
+            "expected each profile under 2 MiB uncompressed (Pyroscope's burst limit), got {} bytes for {:?}",
+            profile.len(),
+            series.labels
+        );
+        let times = check_pprof(&profile);
+        let lower = push.at_nanos - OLDEST.as_nanos() as i64;
+        let upper = push.at_nanos + NEWEST.as_nanos() as i64;
+        assert!(
+            lower < times.time_nanos && times.time_nanos < upper,
+            "expected time_nanos within Pyroscope's ingestion window ({lower}, {upper}), got {}",
+            times.time_nanos
+        );
         assert!(
             times.duration_nanos > 0,
             "expected duration_nanos set, got {times:?}"
         );
+        let service = series
+            .label("service_name")
+            .unwrap_or_else(|| panic!("expected a service_name in push {index}"))
+            .to_owned();
+        let raw = read_with_go_pprof(&profile, scratch, index);
         // What was pushed, for whoever reads the test's output.
         eprintln!(
-            "push {index} (answered {}): {} bytes, {} series, window {} ms + {} ms",
+            "push {index} (answered {}): {} bytes, service {service}, window {} ms + {} ms",
             push.status,
             push.request.body.len(),
-            request.series.len(),
             times.time_nanos / 1_000_000,
             times.duration_nanos / 1_000_000
         );
-        windows.push(Window { times, split });
+        match windows.last_mut() {
+            Some(window) if window.times == times => {
+                assert!(
+                    !window.services.contains(&service),
+                    "push {index}: service {service} of window {times:?} came twice"
+                );
+                window.services.push(service.clone());
+                if service == "split" {
+                    window.split = raw;
+                }
+            }
+            previous => {
+                if let Some(previous) = previous {
+                    let end_ms = (previous.times.time_nanos + previous.times.duration_nanos) / 1_000_000;
+                    assert_eq!(
+                        times.time_nanos / 1_000_000,
+                        end_ms,
+                        "expected push {index}'s window to start (ms) where the previous one ended, got {times:?} after {:?}",
+                        previous.times
+                    );
+                }
+                let split = if service == "split" { raw } else { Vec::new() };
+                windows.push(Window {
+                    times,
+                    services: vec![service],
+                    split,
+                });
+            }
+        }
     }
+    assert!(
+        windows.len() >= 3,
+        "expected the pushes to span at least 3 windows, got {}",
+        windows.len()
+    );
     windows
 }
 

@@ -200,7 +200,18 @@ fn the_shipped_default_config_is_valid_and_documents_every_key() {
     assert_eq!(config, Config::default(), "every key is commented out");
     let (defaults, _) = daemon_args(&["profilerd"]);
     // Each documented default is the real one: uncommenting them all changes nothing.
-    let uncommented: String = text
+    // The [push] tables come last; their keys are documented, not defaults.
+    let (keys_part, push_part) = text.split_once("# [push]").expect("a commented [push] example");
+    for (_, key) in crate::push::flags::FLAG_KEYS {
+        let key = key.strip_prefix("targets.").unwrap_or(key);
+        let documented = if key == "targets" {
+            push_part.contains("# [[push.targets]]")
+        } else {
+            push_part.contains(&format!("# {key} ="))
+        };
+        assert!(documented, "deploy/profilerd.toml should document [push] {key}");
+    }
+    let uncommented: String = keys_part
         .lines()
         .map(|line| {
             line.strip_prefix("# ")

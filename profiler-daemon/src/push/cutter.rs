@@ -102,26 +102,34 @@ impl Cutter {
                 .encode_cpu_ns
                 .fetch_add(*cpu_ns, std::sync::atomic::Ordering::Relaxed);
             match result {
-                Ok(request) => {
-                    let queued = Queued {
-                        window,
-                        samples: request.samples,
-                        message: request.message.clone(),
-                    };
-                    // A sender takes windows in even mid-send: full only if
-                    // it is gone, or stuck, which the count shows.
-                    if let Err(err) = tx.try_send(queued) {
-                        let queued = match err {
-                            mpsc::error::TrySendError::Full(queued)
-                            | mpsc::error::TrySendError::Closed(queued) => queued,
+                Ok(requests) => {
+                    for (part, request) in requests.iter().enumerate() {
+                        let queued = Queued {
+                            window,
+                            part: u32::try_from(part).unwrap_or(u32::MAX),
+                            samples: request.samples,
+                            message: request.message.clone(),
                         };
-                        stats
-                            .dropped_full
-                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        stats
-                            .dropped_samples
-                            .fetch_add(queued.samples, std::sync::atomic::Ordering::Relaxed);
-                        tracing::warn!(target = %stats.name, "push: the sender did not take window {}..{} ms; dropped", window.start_ms, window.end_ms);
+                        // A sender takes windows in even mid-send: full only
+                        // if it is gone, or stuck, which the count shows.
+                        if let Err(err) = tx.try_send(queued) {
+                            let queued = match err {
+                                mpsc::error::TrySendError::Full(queued)
+                                | mpsc::error::TrySendError::Closed(queued) => queued,
+                            };
+                            stats
+                                .dropped_full
+                                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            stats
+                                .dropped_samples
+                                .fetch_add(queued.samples, std::sync::atomic::Ordering::Relaxed);
+                            tracing::warn!(
+                                target = %stats.name,
+                                "push: the sender did not take window {}..{} ms; dropped",
+                                window.start_ms,
+                                window.end_ms
+                            );
+                        }
                     }
                 }
                 Err(err) => {

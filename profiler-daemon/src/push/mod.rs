@@ -33,9 +33,10 @@ use crate::{pipeline::Pipeline, supervise::StageReporter};
 use cutter::Cutter;
 use spool::Spool;
 
-/// Windows handed to a sender and not yet taken in: a few, since a sender
-/// takes each one at once (even mid-send).
-const HANDOFF_WINDOWS: usize = 4;
+/// Requests handed to a sender and not yet taken in: two windows' worth
+/// (a window is up to [`series::MAX_SERIES`] requests for Pyroscope, handed
+/// over in a row), since a sender takes them in at once, even mid-send.
+const HANDOFF_REQUESTS: usize = 2 * series::MAX_SERIES;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PushError {
@@ -110,7 +111,7 @@ impl Pusher {
             if !spool.is_empty() {
                 tracing::info!(target = %target.name(), "{} window(s) left from the last run queued first", spool.len());
             }
-            let (tx, rx) = mpsc::channel(HANDOFF_WINDOWS);
+            let (tx, rx) = mpsc::channel(HANDOFF_REQUESTS);
             let sender = sender::Sender {
                 target: target.clone(),
                 client,

@@ -20,57 +20,68 @@ pub struct CommonLabels {
     pub extra: Vec<ExtraLabel>,
 }
 
-/// One window, encoded for one backend.
+/// One request of a window, encoded for one backend.
 #[derive(Clone, Debug)]
 pub struct Encoded {
     /// The request message (protobuf), without transport framing.
     pub message: Bytes,
-    /// Samples in it, all series together.
+    /// Samples in it.
     pub samples: u64,
     pub series: usize,
 }
 
-/// Encodes `window` (a whole-machine CPU profile) for `backend`.
-pub fn encode(backend: Backend, window: &Profile, common: &CommonLabels) -> std::io::Result<Encoded> {
+/// Encodes `window` (a whole-machine CPU profile) for `backend`: for Parca
+/// one request, which it stores whole or not at all; for Pyroscope one
+/// request per series, since it may store some series of a request and
+/// still answer an error, and a retry of the whole would count those twice.
+pub fn encode(backend: Backend, window: &Profile, common: &CommonLabels) -> std::io::Result<Vec<Encoded>> {
     let labels = series::sample_labels(backend);
     let series = series::split(window, labels);
     let mut encoded = Vec::with_capacity(series.len());
     for one in &series {
         let pairs = series_labels(&one.service_name, common);
         let raw_profile = pprof::encode_gzip_with(&one.profile, labels)?;
-        encoded.push((pairs, raw_profile));
+        encoded.push((pairs, raw_profile, one.profile.total_samples()));
     }
-    let message = match backend {
-        Backend::Pyroscope => PushRequest {
-            series: encoded
-                .into_iter()
-                .map(|(labels, raw_profile)| PyroscopeSeries {
-                    labels,
-                    samples: vec![PyroscopeSample {
-                        raw_profile,
-                        id: String::new(),
-                    }],
-                })
-                .collect(),
+    Ok(match backend {
+        Backend::Pyroscope => encoded
+            .into_iter()
+            .map(|(labels, raw_profile, samples)| Encoded {
+                message: Bytes::from(
+                    PushRequest {
+                        series: vec![PyroscopeSeries {
+                            labels,
+                            samples: vec![PyroscopeSample {
+                                raw_profile,
+                                id: String::new(),
+                            }],
+                        }],
+                    }
+                    .encode_to_vec(),
+                ),
+                samples,
+                series: 1,
+            })
+            .collect(),
+        Backend::Parca => {
+            let count = encoded.len();
+            let message = WriteRawRequest {
+                tenant: String::new(),
+                series: encoded
+                    .into_iter()
+                    .map(|(labels, raw_profile, _)| ParcaSeries {
+                        labels: Some(LabelSet { labels }),
+                        samples: vec![ParcaSample { raw_profile }],
+                    })
+                    .collect(),
+                normalized: false,
+            };
+            vec![Encoded {
+                message: Bytes::from(message.encode_to_vec()),
+                samples: window.total_samples(),
+                series: count,
+            }]
         }
-        .encode_to_vec(),
-        Backend::Parca => WriteRawRequest {
-            tenant: String::new(),
-            series: encoded
-                .into_iter()
-                .map(|(labels, raw_profile)| ParcaSeries {
-                    labels: Some(LabelSet { labels }),
-                    samples: vec![ParcaSample { raw_profile }],
-                })
-                .collect(),
-            normalized: false,
-        }
-        .encode_to_vec(),
-    };
-    Ok(Encoded {
-        message: Bytes::from(message),
-        samples: window.total_samples(),
-        series: series.len(),
     })
 }
 

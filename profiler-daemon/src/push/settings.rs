@@ -347,5 +347,4 @@ pub fn hostname() -> String {
 }
 
 #[cfg(test)]
-#[cfg(test)]
 mod tests;

@@ -2,8 +2,9 @@
 //! a directory, each also on disk until accepted, so a restart sends what
 //! the last run could not.
 //!
-//! On disk a window is one file, `START-END-SAMPLES.pb` (its window in Unix
-//! ms, its sample count), holding the request message. Files are written
+//! On disk a request is one file, `START-END-PART-SAMPLES.pb` (its window
+//! in Unix ms, its place among the window's requests, its sample count),
+//! holding the request message. Files are written
 //! to a temporary name and renamed, so a crash leaves whole files or none.
 
 use std::{
@@ -18,10 +19,13 @@ use bytes::Bytes;
 
 use crate::store::Window;
 
-/// A window waiting to be pushed.
+/// A request of a window waiting to be pushed (a window is one request,
+/// or for Pyroscope one per series).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Queued {
     pub window: Window,
+    /// Its place among its window's requests.
+    pub part: u32,
     pub samples: u64,
     pub message: Bytes,
 }
@@ -29,8 +33,8 @@ pub struct Queued {
 impl Queued {
     fn file_name(&self) -> String {
         format!(
-            "{}-{}-{}.pb",
-            self.window.start_ms, self.window.end_ms, self.samples
+            "{}-{}-{}-{}.pb",
+            self.window.start_ms, self.window.end_ms, self.part, self.samples
         )
     }
 }
@@ -190,9 +194,10 @@ fn load(dir: &Path) -> std::io::Result<Vec<Queued>> {
         let parsed = name.to_str().and_then(parse_name);
         let is_file = entry.file_type().is_ok_and(|kind| kind.is_file());
         match parsed {
-            Some((window, samples)) if is_file => match fs::read(&path) {
+            Some((window, part, samples)) if is_file => match fs::read(&path) {
                 Ok(message) => found.push(Queued {
                     window,
+                    part,
                     samples,
                     message: Bytes::from(message),
                 }),
@@ -205,15 +210,16 @@ fn load(dir: &Path) -> std::io::Result<Vec<Queued>> {
             }
         }
     }
-    found.sort_by_key(|queued| (queued.window.start_ms, queued.window.end_ms));
+    found.sort_by_key(|queued| (queued.window.start_ms, queued.window.end_ms, queued.part));
     Ok(found)
 }
 
-fn parse_name(name: &str) -> Option<(Window, u64)> {
+fn parse_name(name: &str) -> Option<(Window, u32, u64)> {
     let stem = name.strip_suffix(".pb")?;
     let mut parts = stem.split('-').map(|part| part.parse::<u64>().ok());
-    let (start_ms, end_ms, samples) = (parts.next()??, parts.next()??, parts.next()??);
-    (parts.next().is_none() && start_ms < end_ms).then_some((Window { start_ms, end_ms }, samples))
+    let (start_ms, end_ms) = (parts.next()??, parts.next()??);
+    let (part, samples) = (u32::try_from(parts.next()??).ok()?, parts.next()??);
+    (parts.next().is_none() && start_ms < end_ms).then_some((Window { start_ms, end_ms }, part, samples))
 }
 
 #[cfg(test)]

@@ -81,11 +81,19 @@ fn label_pairs(labels: &[LabelPair]) -> Vec<(&str, &str)> {
 }
 
 #[test]
-fn pyroscope_requests_carry_one_series_per_service_without_sample_labels() {
+fn pyroscope_gets_a_request_per_service_without_sample_labels() {
     let encoded = encode(Backend::Pyroscope, &window_profile(), &common()).unwrap();
-    assert_eq!((encoded.samples, encoded.series), (50, 2));
-    let request = PushRequest::decode(encoded.message).unwrap();
-    assert_eq!(request.series.len(), 2);
+    let counts: Vec<_> = encoded
+        .iter()
+        .map(|request| (request.samples, request.series))
+        .collect();
+    assert_eq!(
+        counts,
+        vec![(45, 1), (5, 1)],
+        "one request per series, largest first"
+    );
+    let request = PushRequest::decode(encoded[0].message.clone()).unwrap();
+    assert_eq!(request.series.len(), 1);
     let app = &request.series[0];
     assert_eq!(
         label_pairs(&app.labels),
@@ -125,7 +133,9 @@ fn pyroscope_requests_carry_one_series_per_service_without_sample_labels() {
 #[test]
 fn parca_requests_keep_the_process_labels() {
     let encoded = encode(Backend::Parca, &window_profile(), &common()).unwrap();
-    let request = WriteRawRequest::decode(encoded.message).unwrap();
+    assert_eq!(encoded.len(), 1, "Parca stores a request whole: one per window");
+    assert_eq!((encoded[0].samples, encoded[0].series), (50, 2));
+    let request = WriteRawRequest::decode(encoded[0].message.clone()).unwrap();
     assert!(!request.normalized);
     let db = &request.series[1];
     let labels = db.labels.as_ref().unwrap();

@@ -6,6 +6,7 @@ fn queued(start_ms: u64, bytes: usize) -> Queued {
             start_ms,
             end_ms: start_ms + 15_000,
         },
+        part: 0,
         samples: start_ms / 1000,
         message: Bytes::from(vec![7; bytes]),
     }
@@ -56,7 +57,7 @@ fn windows_on_disk_outlive_the_spool_until_sent() {
             "sent: gone from disk too"
         );
     }
-    fs::write(dir.join(".5000-6000-1.pb.partial"), b"half").unwrap();
+    fs::write(dir.join(".5000-6000-0-1.pb.partial"), b"half").unwrap();
     fs::write(dir.join("notes.txt"), b"?").unwrap();
     let (spool, dropped) = Spool::open(1000, Some(dir.clone())).unwrap();
     assert!(dropped.is_empty());
@@ -107,23 +108,50 @@ fn a_smaller_bound_after_a_restart_keeps_the_newest() {
 #[test]
 fn names_parse_strictly() {
     assert_eq!(
-        parse_name("1-2-3.pb"),
+        parse_name("1-2-0-3.pb"),
         Some((
             Window {
                 start_ms: 1,
                 end_ms: 2
             },
+            0,
             3
         ))
     );
     for bad in [
-        "1-2.pb",
-        "1-2-3-4.pb",
-        "2-1-3.pb",
-        "a-2-3.pb",
-        "1-2-3.pbx",
-        ".1-2-3.pb.partial",
+        "1-2-3.pb",
+        "1-2-0-3-4.pb",
+        "2-1-0-3.pb",
+        "a-2-0-3.pb",
+        "1-2-0-3.pbx",
+        ".1-2-0-3.pb.partial",
+        "1-2-4294967296-3.pb",
     ] {
         assert_eq!(parse_name(bad), None, "{bad}");
     }
+}
+
+#[test]
+fn the_requests_of_one_window_are_kept_apart_and_in_order() {
+    let dir = temp_dir("parts");
+    {
+        let (mut spool, _) = Spool::open(1000, Some(dir.clone())).unwrap();
+        for part in [0, 1, 2] {
+            spool.push(Queued {
+                part,
+                samples: u64::from(part) + 10,
+                ..queued(1_000, 10)
+            });
+        }
+    }
+    let (mut spool, _) = Spool::open(1000, Some(dir.clone())).unwrap();
+    let parts: Vec<_> = std::iter::from_fn(|| spool.pop())
+        .map(|q| (q.part, q.samples))
+        .collect();
+    assert_eq!(
+        parts,
+        vec![(0, 10), (1, 11), (2, 12)],
+        "every request of the window, in order"
+    );
+    fs::remove_dir_all(&dir).unwrap();
 }

@@ -45,7 +45,7 @@ pub fn encode(out: &mut DescriptorEncoder, targets: &[TargetSnapshot]) -> fmt::R
     counters(
         out,
         "push_dropped_windows",
-        "Windows given up, by reason: spool_full (the oldest, past the spool's bound) or refused (by the target)",
+        "Requests given up (a window, or for Pyroscope one series of it), by reason: spool_full (the oldest, past the spool's bound) or refused (by the target)",
         targets,
         |target| {
             vec![
@@ -57,7 +57,7 @@ pub fn encode(out: &mut DescriptorEncoder, targets: &[TargetSnapshot]) -> fmt::R
     counters(
         out,
         "push_dropped_samples",
-        "Samples in the windows given up",
+        "Samples in the requests given up",
         targets,
         |target| vec![("", target.dropped_samples)],
     )?;
@@ -71,14 +71,14 @@ pub fn encode(out: &mut DescriptorEncoder, targets: &[TargetSnapshot]) -> fmt::R
     int_gauges(
         out,
         "push_queue_windows",
-        "Windows waiting to be pushed",
+        "Requests waiting to be pushed: one per window, for Pyroscope one per series of a window",
         targets,
         |target| target.queued_windows,
     )?;
     int_gauges(
         out,
         "push_queue_bytes",
-        "Bytes of the windows waiting to be pushed (the one being sent included)",
+        "Bytes of the requests waiting to be pushed (the one being sent included)",
         targets,
         |target| target.queued_bytes,
     )?;

@@ -63,12 +63,17 @@ profilerd_latency_seconds_bucket{le=\"0.5\"} 0
 profilerd_latency_seconds_bucket{le=\"1.0\"} 1
 profilerd_latency_seconds_bucket{le=\"+Inf\"} 1
 ";
-    // Sorted, as the families of a registry come in no fixed order.
+    // Sorted, as the families of a registry come in no fixed order, nor
+    // do the label sets of a family (a hash map).
     let sorted = |text: &str| {
         let mut families: Vec<String> = text
             .split("# HELP ")
             .filter(|family| !family.is_empty())
-            .map(str::to_owned)
+            .map(|family| {
+                let mut lines: Vec<&str> = family.lines().collect();
+                lines.sort_unstable();
+                lines.join("\n")
+            })
             .collect();
         families.sort();
         families
