@@ -4,13 +4,18 @@
 //! comes back; a small spool gives up the oldest windows. Parca is read back
 //! through its own query API and compared with profilerd's own answers.
 
-use std::time::{Duration, Instant};
+use std::{
+    net::Ipv4Addr,
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
 
 use profilerd_tests::{
     Workload,
     daemon::{Daemon, free_port, metric},
     fleet::{exact_start, own_top, share},
     parca::Parca,
+    pki::{Pki, Usage},
     serial,
 };
 
@@ -60,7 +65,11 @@ fn assert_same_shares(
 ) {
     for function in ["hot_a", "hot_b"] {
         let (theirs, ours) = (share(parca, function), share(own, function));
-        eprintln!("{what}: {function} {:.2}% in Parca, {:.2}% in /top", theirs * 100.0, ours * 100.0);
+        eprintln!(
+            "{what}: {function} {:.2}% in Parca, {:.2}% in /top",
+            theirs * 100.0,
+            ours * 100.0
+        );
         assert!(
             (theirs - ours).abs() <= 0.02,
             "{what}: {function} is {:.2}% of the workload's samples in Parca and {:.2}% in profilerd's /top \
@@ -338,5 +347,89 @@ fn a_small_spool_gives_up_the_oldest_windows_and_counts_them() {
         oldest >= started + 5000,
         "expected the oldest windows given up, but Parca has one from {} ms after the start: {windows:?}",
         oldest - started
+    );
+}
+
+/// Kills the TLS terminator on drop.
+struct Terminator(std::process::Child);
+
+impl Drop for Terminator {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn pushes_go_over_tls_to_a_server_the_given_ca_vouches_for() {
+    let _serial = serial();
+    let parca = Parca::start("tls", "");
+    let pki = Pki::new("push");
+    pki.ca("push-ca");
+    pki.issue("push-ca", "parca", 1, Usage::Server(Ipv4Addr::LOCALHOST));
+    // Parca serves cleartext only: socat terminates TLS in front of it (as
+    // a hosted endpoint's load balancer would), passing the HTTP/2 through.
+    let tls_port = free_port();
+    let listen = format!(
+        "OPENSSL-LISTEN:{tls_port},bind=127.0.0.1,reuseaddr,fork,verify=0,cert={},key={}",
+        pki.path("parca.pem").display(),
+        pki.path("parca.key").display()
+    );
+    let _terminator = Terminator(
+        Command::new("socat")
+            .args([listen.as_str(), &format!("TCP:127.0.0.1:{}", parca.port)])
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("starting socat (Debian's socat; scripts/setup.sh installs it)"),
+    );
+    wait_until(Duration::from_secs(10), "socat listening", || {
+        std::net::TcpStream::connect(("127.0.0.1", tls_port)).is_ok()
+    });
+    // Two targets at that address: one trusting the test's CA, one with
+    // only the system's roots, which must refuse the server.
+    let config = pki.path("profilerd.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[push]\ninterval_seconds = 1\nlabels = {{ env = \"tls-test\" }}\n\n\
+             [[push.targets]]\nbackend = \"parca\"\nurl = \"https://127.0.0.1:{tls_port}\"\nca_file = \"{}\"\n\n\
+             [[push.targets]]\nbackend = \"parca\"\nurl = \"https://127.0.0.1:{tls_port}/untrusted\"\n",
+            pki.path("push-ca.pem").display()
+        ),
+    )
+    .expect("writing the config");
+    let daemon = Daemon::start(&["--config", config.to_str().expect("a UTF-8 path")]);
+    let trusted = format!("parca https://127.0.0.1:{tls_port}");
+    let untrusted = format!("parca https://127.0.0.1:{tls_port}/untrusted");
+    let started = now_ms();
+    wait_until(Duration::from_secs(30), "two pushes accepted over TLS", || {
+        push_metric(&daemon, "push_attempts_total", &trusted, ",outcome=\"accepted\"") >= 2
+    });
+    let outcome = |target: &str, outcome: &str| {
+        push_metric(
+            &daemon,
+            "push_attempts_total",
+            target,
+            &format!(",outcome=\"{outcome}\""),
+        )
+    };
+    assert!(
+        outcome(&untrusted, "failed") >= 1,
+        "expected the untrusted server's certificate refused"
+    );
+    assert_eq!(
+        (outcome(&untrusted, "accepted"), outcome(&untrusted, "refused")),
+        (0, 0),
+        "without the CA, no push may get as far as the server's answer"
+    );
+    let windows = parca.profiles(
+        &format!("{CPU}{{env=\"tls-test\"}}"),
+        started.saturating_sub(5000),
+        now_ms(),
+    );
+    assert!(
+        !windows.is_empty(),
+        "expected the pushes over TLS in Parca\n{}",
+        parca.log()
     );
 }

@@ -35,7 +35,7 @@ pub fn binary() -> PathBuf {
     if binary.exists() {
         return binary;
     }
-    let _lock = FileLock::acquire(&cache.with_extension("lock"));
+    let _lock = FileLock::acquire(&cache.with_file_name(format!("parca-{version}.lock")));
     if binary.exists() {
         return binary;
     }
@@ -60,7 +60,7 @@ pub fn binary() -> PathBuf {
     let source = info["Dir"]
         .as_str()
         .expect("the module's directory in go mod download's output");
-    let tree = cache.with_extension("src");
+    let tree = cache.with_file_name(format!("parca-{version}.src"));
     let _ = std::fs::remove_dir_all(&tree);
     let copied = Command::new("cp")
         .arg("-r")
