@@ -29,6 +29,9 @@ use super::settings::{Auth, Endpoint, Target};
 /// The most of an answer read: an error message, never a profile.
 const MAX_ANSWER_BYTES: usize = 64 << 10;
 
+/// The most of a password or token file read.
+const MAX_SECRET_BYTES: u64 = 16 << 10;
+
 pub const USER_AGENT: &str = concat!("profilerd/", env!("CARGO_PKG_VERSION"));
 
 #[derive(Debug, thiserror::Error)]
@@ -244,10 +247,20 @@ fn connector(ca_file: Option<&Path>, version: Version) -> Result<TlsConnector, C
 /// The Authorization header, its secret read now: a rotated file is used
 /// from the next push on.
 fn authorization(auth: &Auth) -> Result<Option<HeaderValue>, Failure> {
+    // A secret is a line: a file much larger is not one (nor read whole).
     let read = |path: &Path| {
-        std::fs::read_to_string(path)
-            .map(|text| text.trim_end_matches(['\n', '\r']).to_owned())
-            .map_err(|err| Failure::retry(format!("reading {}: {err}", path.display())))
+        use std::io::Read;
+        let mut text = String::new();
+        std::fs::File::open(path)
+            .and_then(|file| file.take(MAX_SECRET_BYTES + 1).read_to_string(&mut text))
+            .map_err(|err| Failure::retry(format!("reading {}: {err}", path.display())))?;
+        if text.len() as u64 > MAX_SECRET_BYTES {
+            return Err(Failure::retry(format!(
+                "{}: larger than {MAX_SECRET_BYTES} bytes, not a credential",
+                path.display()
+            )));
+        }
+        Ok(text.trim_end_matches(['\n', '\r']).to_owned())
     };
     let value = match auth {
         Auth::None => return Ok(None),

@@ -64,7 +64,13 @@ impl Spool {
         let mut dropped = Vec::new();
         if let Some(dir) = spool.dir.clone() {
             fs::DirBuilder::new().recursive(true).mode(0o700).create(&dir)?;
-            for queued in load(&dir)? {
+            // Its parent too (the configured spool directory): whoever can
+            // write there can swap this one.
+            if let Some(parent) = dir.parent() {
+                check_owned(parent)?;
+            }
+            check_owned(&dir)?;
+            for queued in load(&dir, max_bytes)? {
                 dropped.extend(spool.push_in_memory(queued));
             }
         }
@@ -184,15 +190,35 @@ fn write(dir: &Path, queued: &Queued) -> std::io::Result<()> {
     fs::rename(&partial, dir.join(name))
 }
 
-/// The windows a previous run left, oldest first.
-fn load(dir: &Path) -> std::io::Result<Vec<Queued>> {
+/// The directory must be ours alone: whoever else could write in it could
+/// plant requests we would send as ours, or a link where we write.
+fn check_owned(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = fs::symlink_metadata(dir)?;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    if !meta.is_dir() || meta.uid() != euid || meta.mode() & 0o022 != 0 {
+        return Err(std::io::Error::other(format!(
+            "{} must be a directory owned by uid {euid} and writable by it alone",
+            dir.display()
+        )));
+    }
+    Ok(())
+}
+
+/// The windows a previous run left, oldest first; none larger than the
+/// bound is read.
+fn load(dir: &Path, max_bytes: usize) -> std::io::Result<Vec<Queued>> {
     let mut found = Vec::new();
     for entry in fs::read_dir(dir)? {
         let entry = entry?;
         let path = entry.path();
         let name = entry.file_name();
         let parsed = name.to_str().and_then(parse_name);
-        let is_file = entry.file_type().is_ok_and(|kind| kind.is_file());
+        // Not following links; and nothing larger than the spool's bound.
+        let is_file = entry
+            .metadata()
+            .is_ok_and(|meta| meta.is_file() && meta.len() <= max_bytes as u64);
         match parsed {
             Some((window, part, samples)) if is_file => match fs::read(&path) {
                 Ok(message) => found.push(Queued {

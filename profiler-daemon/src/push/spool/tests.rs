@@ -12,10 +12,13 @@ fn queued(start_ms: u64, bytes: usize) -> Queued {
     }
 }
 
+/// A spool directory in a parent of ours alone (as the spool requires).
 fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("profilerd-spool-{name}-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&dir);
-    dir
+    use std::os::unix::fs::DirBuilderExt;
+    let parent = std::env::temp_dir().join(format!("profilerd-spool-{name}-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&parent);
+    fs::DirBuilder::new().mode(0o700).create(&parent).unwrap();
+    parent.join("spool")
 }
 
 #[test]
@@ -153,5 +156,18 @@ fn the_requests_of_one_window_are_kept_apart_and_in_order() {
         vec![(0, 10), (1, 11), (2, 12)],
         "every request of the window, in order"
     );
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_directory_others_can_write_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = temp_dir("shared");
+    fs::create_dir(&dir).unwrap();
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o777)).unwrap();
+    let err = Spool::open(1000, Some(dir.join("target")))
+        .err()
+        .expect("a world-writable spool directory must be refused");
+    assert!(err.to_string().contains("writable by it alone"), "{err}");
     fs::remove_dir_all(&dir).unwrap();
 }
