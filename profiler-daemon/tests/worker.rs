@@ -14,7 +14,7 @@ use std::{
 
 use profiler_common::CfaRule;
 use profilerd::symbolize::worker::{
-    FileIdentity, FileUnwindTable, UnwindTableError, WorkerClient, WorkerConfig, WorkerError,
+    FileIdentity, FileUnwindTable, UnwindTableError, WorkerClient, WorkerConfig, WorkerError, WorkerProgram,
 };
 
 #[inline(never)]
@@ -22,9 +22,11 @@ fn marker_function_for_the_worker_test(x: u64) -> u64 {
     std::hint::black_box(x.wrapping_mul(31).rotate_left(7))
 }
 
+/// The built `profilerd`, opened here as root: the worker, once `nobody`,
+/// need not reach the build's directory (a clone under /root is 0700).
 fn real_worker() -> WorkerConfig {
     WorkerConfig {
-        program: PathBuf::from(env!("CARGO_BIN_EXE_profilerd")),
+        program: WorkerProgram::open(env!("CARGO_BIN_EXE_profilerd")).expect("opening the built profilerd"),
         ..WorkerConfig::this_binary(256 << 20, Duration::from_secs(10))
     }
 }
@@ -144,7 +146,7 @@ fn nix_is_root() -> bool {
 /// A worker process that dies on its first request (SIGSEGV), or hangs.
 fn failing_worker(script: &str, deadline: Duration) -> WorkerConfig {
     WorkerConfig {
-        program: PathBuf::from("/bin/sh"),
+        program: WorkerProgram::Path(PathBuf::from("/bin/sh")),
         args: vec!["-c".into(), script.into()],
         memory_bytes: 256 << 20,
         deadline,

@@ -3,10 +3,14 @@
 //! logged into the machine would.
 
 use std::{
-    os::unix::{fs::PermissionsExt, process::CommandExt},
+    collections::HashMap,
+    os::unix::{
+        fs::{MetadataExt, PermissionsExt},
+        process::CommandExt,
+    },
     path::{Path, PathBuf},
     process::Command,
-    sync::OnceLock,
+    sync::{Mutex, OnceLock},
 };
 
 /// The account the tests create (idempotently) and attack as.
@@ -52,11 +56,39 @@ fn id(args: &[&str]) -> Option<u32> {
 
 impl Attacker {
     /// A command that runs as the attacker (std clears supplementary groups
-    /// when it changes the uid from root).
+    /// when it changes the uid from root). A program the attacker could not
+    /// reach by its path (one built under a 0700 home such as /root) runs
+    /// from a copy it can reach, as it would be installed for a real user.
     pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let program = Path::new(program.as_ref());
+        let program = if program.components().count() > 1 && !self.can_execute(program) {
+            reachable_copy(program)
+        } else {
+            program.to_path_buf()
+        };
         let mut command = Command::new(program);
         command.uid(self.uid).gid(self.gid);
         command
+    }
+
+    /// Whether the attacker may search every directory up to `path` and
+    /// execute it, by the permission bits the kernel checks.
+    fn can_execute(&self, path: &Path) -> bool {
+        let Ok(path) = std::fs::canonicalize(path) else {
+            return false;
+        };
+        path.ancestors().all(|step| {
+            std::fs::metadata(step).is_ok_and(|meta| {
+                let mode = meta.mode();
+                if meta.uid() == self.uid {
+                    mode & 0o100 != 0
+                } else if meta.gid() == self.gid {
+                    mode & 0o010 != 0
+                } else {
+                    mode & 0o001 != 0
+                }
+            })
+        })
     }
 
     /// A GET made by curl as the attacker, so the daemon identifies the
@@ -101,4 +133,34 @@ impl Attacker {
             .unwrap_or_else(|err| panic!("chown {}: {err}", target.display()));
         target
     }
+}
+
+/// Root's copies of programs the attacker must run, one directory per test
+/// process, under /tmp (which every user can search, whatever TMPDIR says).
+fn reachable_copy(program: &Path) -> PathBuf {
+    static COPIES: OnceLock<Mutex<HashMap<PathBuf, PathBuf>>> = OnceLock::new();
+    let mut copies = COPIES
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let count = copies.len();
+    copies
+        .entry(program.to_path_buf())
+        .or_insert_with(|| {
+            // A fresh directory (create_dir fails on one made by anybody
+            // else), root's, 0755: the attacker may run, not replace, it.
+            let dir = Path::new("/tmp").join(format!("profilerd-tests-bin-{}-{count}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir(&dir).unwrap_or_else(|err| panic!("creating {}: {err}", dir.display()));
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))
+                .unwrap_or_else(|err| panic!("chmod {}: {err}", dir.display()));
+            let name = program.file_name().expect("a program path names a file");
+            let copy = dir.join(name);
+            std::fs::copy(program, &copy)
+                .unwrap_or_else(|err| panic!("copying {} to {}: {err}", program.display(), copy.display()));
+            std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755))
+                .unwrap_or_else(|err| panic!("chmod {}: {err}", copy.display()));
+            copy
+        })
+        .clone()
 }

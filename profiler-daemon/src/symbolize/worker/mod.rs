@@ -24,9 +24,11 @@ mod unwind_test_cfi;
 use std::{
     collections::{HashMap, HashSet},
     ffi::OsString,
+    fs::File,
     os::fd::{AsRawFd, OwnedFd},
-    path::PathBuf,
+    path::{Path, PathBuf},
     process::{Child, Command, Stdio},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -51,10 +53,39 @@ const RESPAWN_BACKOFF: Duration = Duration::from_secs(1);
 /// be blamed on an innocent file.
 const RECYCLE_AFTER_REQUESTS: u64 = 20_000;
 
+/// The executable a worker runs.
+#[derive(Clone, Debug)]
+pub enum WorkerProgram {
+    /// Executed by path, which the worker resolves after it has dropped its
+    /// privileges: every directory on the way must be open to `nobody`.
+    Path(PathBuf),
+    /// Executed through a descriptor opened while still privileged, so the
+    /// worker need not reach the file's path (a build under `/root`, mode
+    /// 0700). The descriptor survives fork; exec opens the file through it
+    /// before close-on-exec drops it.
+    Opened(Arc<File>),
+}
+
+impl WorkerProgram {
+    /// Opens `path` now, with the caller's rights, for workers to run.
+    pub fn open(path: impl AsRef<Path>) -> std::io::Result<Self> {
+        File::open(path).map(|file| Self::Opened(Arc::new(file)))
+    }
+
+    /// What the worker passes to exec (in the forked child, whose
+    /// descriptor table is a copy of ours).
+    fn exec_path(&self) -> PathBuf {
+        match self {
+            Self::Path(path) => path.clone(),
+            Self::Opened(file) => PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd())),
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct WorkerConfig {
     /// How to start a worker: a program and its arguments.
-    pub program: PathBuf,
+    pub program: WorkerProgram,
     pub args: Vec<OsString>,
     /// RLIMIT_DATA of the worker (its heap; mapped files do not count).
     pub memory_bytes: u64,
@@ -70,9 +101,11 @@ pub struct WorkerConfig {
 
 impl WorkerConfig {
     /// This very binary (even if replaced on disk since) in worker mode.
+    /// `/proc/self/exe` is a magic link: exec follows it to the file without
+    /// walking the directories of its path.
     pub fn this_binary(memory_bytes: u64, deadline: Duration) -> Self {
         Self {
-            program: PathBuf::from("/proc/self/exe"),
+            program: WorkerProgram::Path(PathBuf::from("/proc/self/exe")),
             args: vec![SUBCOMMAND.into()],
             memory_bytes,
             deadline,
@@ -278,7 +311,7 @@ impl WorkerClient {
         use std::os::unix::process::CommandExt as _;
         let (ours, theirs) = protocol::socket_pair()?;
         let memory = self.config.memory_bytes;
-        let mut command = Command::new(&self.config.program);
+        let mut command = Command::new(self.config.program.exec_path());
         command
             .args(&self.config.args)
             .stdin(Stdio::from(theirs))
