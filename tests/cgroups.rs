@@ -58,11 +58,18 @@ fn a_unit_in_its_own_cgroup_is_labelled_selected_and_hidden_from_others() {
     let cgroup = TestCgroup::create(&unit);
     let daemon = Daemon::start(&[]);
     // In the cgroup from its exec on, as a service's process is.
-    let script = format!(
-        "echo $$ > {}/cgroup.procs && exec {SPLIT} 60",
-        cgroup.dir.display()
+    // Paths as arguments, not in the script: a clone's path may hold spaces.
+    let procs = cgroup.dir.join("cgroup.procs");
+    let workload = Workload::spawn(
+        "/bin/sh",
+        &[
+            "-c",
+            r#"echo $$ > "$1" && exec "$2" 60"#,
+            "sh",
+            procs.to_str().expect("utf-8 cgroup path"),
+            SPLIT,
+        ],
     );
-    let workload = Workload::spawn("/bin/sh", &["-c", &script]);
     let pid = workload.pid().to_string();
     std::thread::sleep(Duration::from_secs(3));
 

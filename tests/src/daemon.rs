@@ -365,9 +365,17 @@ fn function_name(line: &str) -> Option<String> {
     let before_start = &line[..line.rfind(" s=")?];
     let (rest, _col) = before_start.rsplit_once(':')?;
     let (rest, _line) = rest.rsplit_once(':')?;
-    let name = match rest.rfind(' ') {
-        Some(space) => &rest[..space],
-        None => rest,
+    // `rest` is "NAME FILE", and both may hold spaces: names such as
+    // "[unknown] libx.so+0x10" or C++ operators, files under a checkout such
+    // as "/root/my checkouts". No file leaves the space before it; a file is
+    // otherwise an absolute path, from the first " /" on (the names that
+    // hold a path are unknown frames, which have no file).
+    let name = if let Some(name) = rest.strip_suffix(' ') {
+        name
+    } else if let Some(file) = rest.find(" /") {
+        &rest[..file]
+    } else {
+        rest.rfind(' ').map_or(rest, |space| &rest[..space])
     };
     Some(name.to_owned())
 }
@@ -378,7 +386,7 @@ mod tests {
 
     #[test]
     fn parses_go_raw_output() {
-        let text = "PeriodType: cpu nanoseconds\nPeriod: 10101010\nSamples:\nsamples/count cpu/nanoseconds\n          3   30303030: 1 2 \n                comm:[my app] pid:[42] thread_id:[43] thread_name:[worker 1]\nLocations\n     1: 0x1136 M=1 hot_a /src/a.c:10:0 s=0\n             inlined_b /src/a.c:3:0 s=0\n     2: 0x1180 M=1 [unknown] libx.so+0x10 :0:0 s=0\nMappings\n1: 0x0/0x0/0x0 /bin/a  [FN]\n";
+        let text = "PeriodType: cpu nanoseconds\nPeriod: 10101010\nSamples:\nsamples/count cpu/nanoseconds\n          3   30303030: 1 2 3 \n                comm:[my app] pid:[42] thread_id:[43] thread_name:[worker 1]\nLocations\n     1: 0x1136 M=1 hot_a /src/a.c:10:0 s=0\n             inlined_b /src/a.c:3:0 s=0\n     2: 0x1180 M=1 [unknown] libx.so+0x10 :0:0 s=0\n     3: 0x1190 M=1 operator new /root/my checkouts/a.cc:7:0 s=0\nMappings\n1: 0x0/0x0/0x0 /bin/a  [FN]\n";
         let samples = parse_raw(text);
         assert_eq!(samples.len(), 1);
         let sample = &samples[0];
@@ -388,7 +396,7 @@ mod tests {
         assert_eq!(sample.label("pid"), "42");
         assert_eq!(
             sample.functions,
-            vec!["hot_a", "inlined_b", "[unknown] libx.so+0x10"]
+            vec!["hot_a", "inlined_b", "[unknown] libx.so+0x10", "operator new"]
         );
     }
 }
