@@ -219,12 +219,9 @@ fn process_runs(pid: u32, visible: Visible) -> Result<(), String> {
     let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
         return Err(not_running());
     };
-    let uid = status
-        .lines()
-        .find_map(|line| line.strip_prefix("Uid:"))
-        .and_then(|uids| uids.split_whitespace().next())
-        .and_then(|uid| uid.parse::<u32>().ok());
-    if !visible.allows(uid) {
+    // The kernel's rule, as for the samples: a set-uid program the caller
+    // started is not the caller's to see.
+    if !visible.allows(crate::collect::readable_by_status(pid, &status)) {
         return Err(not_running());
     }
     let tgid = status

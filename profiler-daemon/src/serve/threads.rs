@@ -226,7 +226,7 @@ mod tests {
             pid,
             tid,
             comm: format!("proc{pid}").into(),
-            uid: None,
+            readable_by: crate::collect::ReadableBy::Privileged,
             thread_name: name.into(),
             stack: stack.clone(),
             count,

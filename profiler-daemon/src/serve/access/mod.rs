@@ -1,6 +1,7 @@
-//! Who may see what. The kernel's rule for profiling others: root and the
-//! members of the access group see every process; any other local user sees
-//! only the processes whose real uid is theirs. The connecting user is
+//! Who may see what. The kernel's rule for reading others' processes: root
+//! and the members of the access group see every process; any other local
+//! user sees only the processes the kernel would let them read
+//! ([`crate::collect::ReadableBy`]: not set-uid programs they started). The connecting user is
 //! identified by the kernel once per connection — socket diagnostics for
 //! TCP on this machine, SO_PEERCRED for the Unix socket — and a connection
 //! whose user cannot be told is refused (403) on every endpoint that shows
@@ -114,7 +115,7 @@ impl AccessPolicy {
         if uid == 0 || groups::is_member(uid, &self.group) {
             Visible::All
         } else {
-            Visible::OwnedBy(uid)
+            Visible::User(uid)
         }
     }
 }

@@ -117,7 +117,7 @@ mod tests {
             ShareKey::new(
                 WINDOW,
                 filter(&[1], &[], &[]),
-                Visible::OwnedBy(1000),
+                Visible::User(1000),
                 ProfileType::Cpu,
                 Format::Pprof,
             ),
@@ -184,14 +184,14 @@ mod tests {
             ShareKey::new(
                 WINDOW,
                 Filter::default(),
-                Visible::OwnedBy(1000),
+                Visible::User(1000),
                 ProfileType::Cpu,
                 Format::Pprof
             ),
             ShareKey::new(
                 WINDOW,
                 Filter::default(),
-                Visible::OwnedBy(1001),
+                Visible::User(1001),
                 ProfileType::Cpu,
                 Format::Pprof
             )

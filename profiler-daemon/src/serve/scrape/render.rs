@@ -124,7 +124,7 @@ mod tests {
                     pid: 1,
                     tid: tid as u32,
                     comm: "c".into(),
-                    uid: Some(0),
+                    readable_by: crate::collect::ReadableBy::User(0),
                     thread_name: "t".into(),
                     stack: stack.clone(),
                     count: 1,
