@@ -267,6 +267,7 @@ fn kernel_addresses(setup: &Setup, failures: &mut Failures) {
     for path in [
         format!("/pprof?seconds=30&pid={own_pid}"),
         "/pprof?seconds=30".to_owned(),
+        format!("/debug/pprof/profile?seconds=2&pid={own_pid}"),
     ] {
         let (status, body) = user.curl(&daemon.url(&path));
         assert_eq!(
