@@ -6,7 +6,8 @@
 //!    zeros in /proc/kallsyms), while root gets the real addresses;
 //! 2. does not see a set-uid-root program they started (the kernel refuses
 //!    them `perf -p` and /proc/PID/maps on it), through any endpoint or
-//!    filter, while root does.
+//!    filter, while root does; nor a program with a file capability, but
+//!    does see their own program as root of their own user namespace.
 //!
 //! One daemon serves every case. The user's requests are made by curl running
 //! as that user, so the daemon identifies them from the kernel.
@@ -29,12 +30,17 @@ use profilerd_tests::{
 
 const ZERO_READER: &str = env!("WORKLOAD_ZERO_READER");
 const ROOT_SECRET: &str = env!("WORKLOAD_ROOT_SECRET");
+const SPLIT: &str = env!("WORKLOAD_SPLIT");
 /// The access group of this test's daemon (created here, never a real one).
 const GROUP: &str = "profilerd-test-visibility";
 /// The set-uid-root copy of the root-only workload, as the user runs it.
 const SET_UID: &str = "suid_secret";
 /// The user's own copy of the zero reader: its time is in the kernel.
 const OWN: &str = "user_zeros";
+/// A copy of the split workload with a file capability, as the user runs it.
+const CAPABLE: &str = "cap_split";
+/// The user's zero reader again, as root of a user namespace of theirs.
+const IN_NAMESPACE: &str = "ns_zeros";
 /// Lowest kernel address on x86-64 (the upper half).
 const KERNEL_HALF: u64 = 0xffff_8000_0000_0000;
 
@@ -141,6 +147,16 @@ fn a_user_sees_kernel_frames_without_addresses_and_not_the_set_uid_programs_they
     std::fs::copy(ROOT_SECRET, &set_uid).expect("copying the set-uid program");
     std::os::unix::fs::chown(&set_uid, Some(0), Some(0)).expect("chown root");
     std::fs::set_permissions(&set_uid, std::fs::Permissions::from_mode(0o4755)).expect("chmod 4755");
+    let capable = dir.join(CAPABLE);
+    std::fs::copy(SPLIT, &capable).expect("copying the split workload");
+    std::os::unix::fs::chown(&capable, Some(0), Some(0)).expect("chown root");
+    let setcap = Command::new("setcap")
+        .args(["cap_sys_nice+ep"])
+        .arg(&capable)
+        .status()
+        .expect("running setcap");
+    assert!(setcap.success(), "setcap cap_sys_nice+ep: {setcap}");
+    let in_namespace = user.own_copy(Path::new(ZERO_READER), &dir, IN_NAMESPACE);
 
     let own = Killed(
         user.command(&own_binary)
@@ -158,6 +174,25 @@ fn a_user_sees_kernel_frames_without_addresses_and_not_the_set_uid_programs_they
             .expect("starting the set-uid program as the user"),
     );
     let setuid_pid = setuid.0.id();
+    let capable = Killed(
+        user.command(&capable)
+            .arg("60")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("starting the file-capability program as the user"),
+    );
+    let capable_pid = capable.0.id();
+    // unshare execs the program in its own process: the pid stays.
+    let in_namespace = Killed(
+        user.command("unshare")
+            .args(["--user", "--map-root-user"])
+            .arg(&in_namespace)
+            .arg("60")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("starting the zero reader in a user namespace of the user's"),
+    );
+    let namespace_pid = in_namespace.0.id();
     let root = Workload::spawn(ZERO_READER, &["60"]);
     let daemon = Daemon::start(&["--access-group", GROUP]);
 
@@ -183,6 +218,26 @@ fn a_user_sees_kernel_frames_without_addresses_and_not_the_set_uid_programs_they
         !maps.status.success(),
         "the kernel lets {USER} read the maps of the set-uid program it started"
     );
+    // Both hold capabilities: one in the machine's user namespace, which
+    // the kernel refuses the user; one in the user's own, which it allows.
+    for (pid, what) in [(capable_pid, CAPABLE), (namespace_pid, IN_NAMESPACE)] {
+        let readable = user
+            .command("cat")
+            .arg(format!("/proc/{pid}/maps"))
+            .output()
+            .expect("cat as the user")
+            .status
+            .success();
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("its status");
+        let permitted = status
+            .lines()
+            .find_map(|line| line.strip_prefix("CapPrm:"))
+            .map(|hex| hex.trim().trim_start_matches('0').to_owned());
+        assert!(
+            permitted.as_ref().is_some_and(|hex| !hex.is_empty()) && readable == (what == IN_NAMESPACE),
+            "{what}: capabilities {permitted:?}, the user may read its maps: {readable}"
+        );
+    }
 
     // Every workload sampled, as root sees it.
     let started = Instant::now();
@@ -193,7 +248,12 @@ fn a_user_sees_kernel_frames_without_addresses_and_not_the_set_uid_programs_they
                 .lines()
                 .any(|line| line.starts_with(&format!("{comm};")) && line.contains(frame))
         };
-        if has(OWN, "_[k]") && has("zero_reader", "_[k]") && has(SET_UID, "root_only_secret_function") {
+        if has(OWN, "_[k]")
+            && has("zero_reader", "_[k]")
+            && has(SET_UID, "root_only_secret_function")
+            && has(CAPABLE, "hot_a")
+            && has(IN_NAMESPACE, "read_zeros")
+        {
             break;
         }
         assert!(
@@ -211,10 +271,13 @@ fn a_user_sees_kernel_frames_without_addresses_and_not_the_set_uid_programs_they
     let mut failures = Failures::default();
     kernel_addresses(&setup, &mut failures);
     set_uid_program(&setup, &mut failures);
+    capabilities(&setup, capable_pid, namespace_pid, &mut failures);
     assert_eq!(daemon.get("/metrics").status, 200, "the daemon still answers");
     drop(root);
     drop(own);
     drop(setuid);
+    drop(capable);
+    drop(in_namespace);
     let _ = std::fs::remove_dir_all(&dir);
     assert!(
         failures.0.is_empty(),
@@ -431,6 +494,55 @@ fn set_uid_program(setup: &Setup, failures: &mut Failures) {
             .iter()
             .any(|string| string == "root_only_secret_function"),
         || "root's /pprof of the set-uid program has its functions".to_owned(),
+    );
+}
+
+/// A program with a file capability is the kernel's to refuse the user who
+/// starts it; one whose capabilities are those of the user's own user
+/// namespace (a rootless container) is that user's.
+fn capabilities(setup: &Setup, capable_pid: u32, namespace_pid: u32, failures: &mut Failures) {
+    let (daemon, user) = (setup.daemon, attacker());
+    // Only the capable program runs the split workload's functions here.
+    for path in [
+        "/folded?seconds=30",
+        "/top?seconds=30",
+        "/flamegraph.svg?seconds=30",
+        "/threads?seconds=30",
+    ] {
+        let text = text_as_user(&daemon.url(path));
+        for secret in [CAPABLE, "hot_a"] {
+            failures.check(!text.contains(secret), || {
+                format!("{path} shows {USER} the file-capability program it started ({secret:?})")
+            });
+        }
+    }
+    let (status, body) = user.curl(&daemon.url("/pprof?seconds=30"));
+    assert_eq!(status, 200);
+    let strings = kernel_frames(&body).strings;
+    failures.check(
+        !strings
+            .iter()
+            .any(|string| string == CAPABLE || string == "hot_a"),
+        || format!("/pprof shows {USER} the file-capability program it started"),
+    );
+    let (status, _) = user.curl(&daemon.url(&format!("/folded?seconds=30&pid={capable_pid}")));
+    failures.check(status == 404, || {
+        format!("pid= of the file-capability program as {USER}: {status}, not 404")
+    });
+    let folded = daemon
+        .get(&format!("/folded?seconds=30&pid={capable_pid}"))
+        .text();
+    failures.check(folded.contains("hot_a"), || {
+        format!("root sees the file-capability program:\n{folded}")
+    });
+    let (status, body) = user.curl(&daemon.url(&format!("/folded?seconds=30&pid={namespace_pid}")));
+    let text = String::from_utf8_lossy(&body);
+    failures.check(
+        status == 200
+            && text
+                .lines()
+                .any(|line| line.starts_with(&format!("{IN_NAMESPACE};"))),
+        || format!("{USER} sees its own program in its own user namespace: {status}\n{text}"),
     );
 }
 
