@@ -157,7 +157,7 @@ fn profiles() -> impl Strategy<Value = Profile> {
                 pid,
                 tid,
                 comm: comm.into(),
-                uid: None,
+                readable_by: profilerd::collect::ReadableBy::Privileged,
                 thread_name: thread_name.into(),
                 stack,
                 count,
@@ -256,7 +256,7 @@ proptest! {
             pid: 1,
             tid: 1,
             comm: nasty.clone().into(),
-            uid: None,
+            readable_by: profilerd::collect::ReadableBy::Privileged,
             thread_name: nasty.into(),
             stack: Arc::new(SymbolizedStack {
                 locations: Box::new([Location {

@@ -13,6 +13,7 @@ mod mapped_file;
 mod off_cpu;
 mod proc_maps;
 mod process_snapshot;
+mod readable;
 mod sampler;
 pub mod unwind_tables;
 mod watcher;
@@ -22,9 +23,8 @@ pub use mapped_file::{
     DEFAULT_MAX_OPEN_FILES, FileKey, FileVersion, MappedFile, OpenFileStats, OpenFiles, Refusal,
 };
 pub use proc_maps::{MapsLine, parse_maps_line};
-pub use process_snapshot::{
-    MAX_FILES_PER_PROCESS, ProcessSnapshot, SnapshotMapping, SnapshotReader, read_real_uid,
-};
+pub use process_snapshot::{MAX_FILES_PER_PROCESS, ProcessSnapshot, SnapshotMapping, SnapshotReader};
+pub use readable::{ReadableBy, readable_by, readable_by_status};
 pub use sampler::{MapSizes, OffCpuOptions, Sampler, SamplerOptions, UnwindMaps, UnwindMode};
 pub use watcher::{ProcessNotice, ProcessWatcher, WatcherStats};
 

@@ -7,6 +7,7 @@ use std::{collections::HashMap, sync::Arc};
 use super::{
     mapped_file::{MappedFile, OpenFiles, Refusal},
     proc_maps::{UserFilesystems, parse_maps_line},
+    readable::{ReadableBy, readable_by_status},
 };
 
 /// Files one process may have held open for it: far more than the shared
@@ -31,9 +32,10 @@ pub struct ProcessSnapshot {
     pub instance: u32,
     /// The process name (its main thread's comm).
     pub comm: String,
-    /// The real uid (/proc/PID/status `Uid:`) when the snapshot was read:
-    /// who may see the process's samples, even after it exits.
-    pub uid: Option<u32>,
+    /// Who could read the process when the snapshot was read (its
+    /// credentials in /proc/PID/status, and whether it was dumpable): who may
+    /// see its samples, even after it exits.
+    pub readable_by: ReadableBy,
     /// Executable mappings, sorted by address.
     pub mappings: Vec<SnapshotMapping>,
     /// The process's pid in its own pid namespace, when that is not ours
@@ -60,7 +62,7 @@ impl SnapshotReader {
             .map(|comm| comm.trim_end_matches('\n').to_owned())
             .unwrap_or_default();
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-        let uid = real_uid_in(&status);
+        let readable_by = readable_by_status(pid, &status);
         let ns_pid = ns_pid_in(&status);
         let cgroup = crate::cgroup::v2_root().and_then(|root| crate::cgroup::read_process_cgroup(pid, root));
         let mut mappings = Vec::new();
@@ -110,27 +112,12 @@ impl SnapshotReader {
             pid,
             instance,
             comm,
-            uid,
+            readable_by,
             mappings,
             ns_pid,
             cgroup,
         })
     }
-}
-
-/// The process's real uid, the first field of `Uid:` in /proc/PID/status.
-pub fn read_real_uid(pid: u32) -> Option<u32> {
-    real_uid_in(&std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?)
-}
-
-fn real_uid_in(status: &str) -> Option<u32> {
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("Uid:"))?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
 }
 
 /// The innermost pid of `NSpid:` (one pid per nested pid namespace, ours
@@ -168,7 +155,7 @@ mod tests {
         );
         // SAFETY: getuid has no preconditions and cannot fail.
         let uid = unsafe { libc::getuid() };
-        assert_eq!(snapshot.uid, Some(uid), "our own real uid");
+        assert_eq!(snapshot.readable_by, ReadableBy::User(uid), "our own process");
         assert_eq!(
             snapshot.ns_pid, None,
             "the test runs in the daemon's pid namespace"

@@ -91,7 +91,7 @@ mod tests {
             pid: 7,
             tid,
             comm: "zero reader".into(),
-            uid: None,
+            readable_by: crate::collect::ReadableBy::Privileged,
             thread_name: "t".into(),
             stack: stack.clone(),
             count,

@@ -3,6 +3,7 @@
 
 pub mod flamegraph;
 pub mod folded;
+mod kernel_addresses;
 pub mod pprof;
 pub mod top;
 

@@ -180,7 +180,7 @@ mod tests {
                     pid: 1,
                     tid: 1,
                     comm: "w".into(),
-                    uid: None,
+                    readable_by: crate::collect::ReadableBy::Privileged,
                     thread_name: "w".into(),
                     stack,
                     count,

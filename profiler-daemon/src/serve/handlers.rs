@@ -12,7 +12,7 @@ use tokio::sync::watch;
 
 use super::{
     HttpError, ServeState,
-    access::Viewer,
+    access::{Scope, Viewer},
     params::{self, Limits, ParamError, ProfileParams, Span},
     scrape::{Format, key::ShareKey},
 };
@@ -41,25 +41,27 @@ const PID_MAX_LIMIT: u32 = 1 << 22;
 /// the store, answered at once.
 pub(super) async fn pprof(
     State(state): State<ServeState>,
-    Viewer(visible): Viewer,
+    Viewer(scope): Viewer,
     RawQuery(query): RawQuery,
 ) -> Result<Response, HttpError> {
     let params = params::parse_pprof(query.as_deref(), &state.limits())?;
-    recent(&state, params, visible, Format::Pprof).await
+    recent(&state, params, scope, Format::Pprof).await
 }
 
 /// The last `seconds` seconds, including what was sampled up to a drain
 /// that serves a request arriving now, or the window `start` to `end` as
 /// stored (nothing drains for it: see [`params::stored_part`]), of the
-/// processes `visible` allows, written as `format`: shared with every
-/// request that asks for the same (see [`super::scrape`]). 404 if a
+/// processes `scope` allows (kernel addresses too), written as `format`:
+/// shared with every request of the same scope that asks for the same (see
+/// [`super::scrape`]). 404 if a
 /// requested pid neither runs nor has samples, as far as the caller may know.
 pub(super) async fn recent(
     state: &ServeState,
     mut params: ProfileParams,
-    visible: Visible,
+    scope: Scope,
     format: Format,
 ) -> Result<Response, HttpError> {
+    let visible = scope.visible;
     // /threads reports every kind, whether off-CPU is on or not.
     if format != Format::Threads {
         state.check_type(params.profile_type)?;
@@ -92,7 +94,7 @@ pub(super) async fn recent(
             ));
         }
     }
-    let key = ShareKey::new(window, params.filter, visible, params.profile_type, format);
+    let key = ShareKey::new(window, params.filter, scope, params.profile_type, format);
     let answer = state.scrapes.answer(state.pipeline.store(), key).await?;
     Ok(answer.into_response())
 }
@@ -101,36 +103,37 @@ pub(super) async fn recent(
 /// was sampled between the drains at either end.
 pub(super) async fn go_profile(
     State(state): State<ServeState>,
-    Viewer(visible): Viewer,
+    Viewer(scope): Viewer,
     RawQuery(query): RawQuery,
 ) -> Result<Response, HttpError> {
-    go_typed(state, visible, query, ProfileType::Cpu).await
+    go_typed(state, scope, query, ProfileType::Cpu).await
 }
 
 /// `GET /debug/pprof/offcpu`: as `/debug/pprof/profile`, off-CPU.
 pub(super) async fn go_offcpu(
     State(state): State<ServeState>,
-    Viewer(visible): Viewer,
+    Viewer(scope): Viewer,
     RawQuery(query): RawQuery,
 ) -> Result<Response, HttpError> {
-    go_typed(state, visible, query, ProfileType::OffCpu).await
+    go_typed(state, scope, query, ProfileType::OffCpu).await
 }
 
 /// `GET /debug/pprof/wall`: as `/debug/pprof/profile`, wall-clock.
 pub(super) async fn go_wall(
     State(state): State<ServeState>,
-    Viewer(visible): Viewer,
+    Viewer(scope): Viewer,
     RawQuery(query): RawQuery,
 ) -> Result<Response, HttpError> {
-    go_typed(state, visible, query, ProfileType::Wall).await
+    go_typed(state, scope, query, ProfileType::Wall).await
 }
 
 async fn go_typed(
     state: ServeState,
-    visible: Visible,
+    scope: Scope,
     query: Option<String>,
     profile_type: ProfileType,
 ) -> Result<Response, HttpError> {
+    let visible = scope.visible;
     let mut params = params::parse_go_profile(query.as_deref(), &state.limits(), profile_type)?;
     // At once, not after blocking `seconds` for nothing.
     state.check_type(profile_type)?;
@@ -154,7 +157,7 @@ async fn go_typed(
     // with it their answer.
     let until_ms = state.scrapes.drained_after(&state.pipeline, after_ms).await?;
     let window = Window::between_drains(after_ms, until_ms);
-    let key = ShareKey::new(window, params.filter, visible, profile_type, Format::Pprof);
+    let key = ShareKey::new(window, params.filter, scope, profile_type, Format::Pprof);
     let answer = state.scrapes.answer(state.pipeline.store(), key).await?;
     Ok(answer.into_response())
 }
@@ -219,12 +222,9 @@ fn process_runs(pid: u32, visible: Visible) -> Result<(), String> {
     let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
         return Err(not_running());
     };
-    let uid = status
-        .lines()
-        .find_map(|line| line.strip_prefix("Uid:"))
-        .and_then(|uids| uids.split_whitespace().next())
-        .and_then(|uid| uid.parse::<u32>().ok());
-    if !visible.allows(uid) {
+    // The kernel's rule, as for the samples: a set-uid program the caller
+    // started is not the caller's to see.
+    if !visible.allows(crate::collect::readable_by_status(pid, &status)) {
         return Err(not_running());
     }
     let tgid = status

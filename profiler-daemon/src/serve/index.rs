@@ -34,13 +34,13 @@ const MAX_THREAD_NAMES: usize = 20;
 
 pub(super) async fn index(
     State(state): State<ServeState>,
-    Viewer(visible): Viewer,
+    Viewer(scope): Viewer,
     RawQuery(query): RawQuery,
 ) -> Result<Response, HttpError> {
     let params = params::parse_pprof(query.as_deref(), &state.limits())?;
     let span = params.span;
     let off_cpu = state.pipeline.off_cpu();
-    recent(&state, params, visible, Format::Index { span, off_cpu }).await
+    recent(&state, params, scope, Format::Index { span, off_cpu }).await
 }
 
 /// The processes sampled in the window, busiest first (in the profile

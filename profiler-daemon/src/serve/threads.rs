@@ -97,13 +97,13 @@ impl Times {
 
 pub(super) async fn threads(
     State(state): State<ServeState>,
-    Viewer(visible): Viewer,
+    Viewer(scope): Viewer,
     RawQuery(query): RawQuery,
 ) -> Result<Response, HttpError> {
     let mut params = params::parse_pprof(query.as_deref(), &state.limits())?;
     // Every kind: the report splits them.
     params.profile_type = ProfileType::Wall;
-    recent(&state, params, visible, Format::Threads).await
+    recent(&state, params, scope, Format::Threads).await
 }
 
 /// The JSON of `/threads`.
@@ -226,7 +226,7 @@ mod tests {
             pid,
             tid,
             comm: format!("proc{pid}").into(),
-            uid: None,
+            readable_by: crate::collect::ReadableBy::Privileged,
             thread_name: name.into(),
             stack: stack.clone(),
             count,

@@ -50,7 +50,7 @@ fn invalid(name: &'static str, value: &str, expected: &str) -> HttpError {
 /// `GET /flamegraph.svg`: `icicle=true` draws it upside down.
 pub(super) async fn flamegraph_svg(
     State(state): State<ServeState>,
-    Viewer(visible): Viewer,
+    Viewer(scope): Viewer,
     RawQuery(query): RawQuery,
 ) -> Result<Response, HttpError> {
     let (params, options) = params::parse_with_options(query.as_deref(), &state.limits(), &["icicle"])?;
@@ -59,7 +59,7 @@ pub(super) async fn flamegraph_svg(
         Some("true" | "1") => true,
         Some(other) => return Err(invalid("icicle", other, "true or false")),
     };
-    recent(&state, params, visible, Format::Flamegraph { icicle }).await
+    recent(&state, params, scope, Format::Flamegraph { icicle }).await
 }
 
 /// The SVG of `/flamegraph.svg`.
@@ -77,7 +77,7 @@ pub(super) fn render_flamegraph(
 /// `GET /top`: `format=text|json`, `limit=N`.
 pub(super) async fn top_table(
     State(state): State<ServeState>,
-    Viewer(visible): Viewer,
+    Viewer(scope): Viewer,
     RawQuery(query): RawQuery,
 ) -> Result<Response, HttpError> {
     let (params, options) =
@@ -96,7 +96,7 @@ pub(super) async fn top_table(
             }
         }
     }
-    recent(&state, params, visible, Format::Top { json, limit }).await
+    recent(&state, params, scope, Format::Top { json, limit }).await
 }
 
 /// The body and type of `/top`.
@@ -138,11 +138,11 @@ fn parse_limit(value: &str) -> Option<usize> {
 /// `GET /folded`: what `record --format folded` writes.
 pub(super) async fn folded_stacks(
     State(state): State<ServeState>,
-    Viewer(visible): Viewer,
+    Viewer(scope): Viewer,
     RawQuery(query): RawQuery,
 ) -> Result<Response, HttpError> {
     let params = params::parse_pprof(query.as_deref(), &state.limits())?;
-    recent(&state, params, visible, Format::Folded).await
+    recent(&state, params, scope, Format::Folded).await
 }
 
 /// The text of `/folded`.

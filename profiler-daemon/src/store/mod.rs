@@ -21,6 +21,7 @@ pub use query::{Filter, Query, Visible, Window};
 
 use crate::{
     cgroup::Cgroup,
+    collect::ReadableBy,
     kind::{ProfileType, SampleKind},
     profile::Profile,
     symbolize::{SymbolizedSample, SymbolizedStack},
@@ -65,7 +66,7 @@ struct EntryKey {
     pid: u32,
     tid: u32,
     comm: Arc<str>,
-    uid: Option<u32>,
+    readable_by: ReadableBy,
     thread_name: Arc<str>,
     stack: StackId,
     cgroup: Option<Arc<Cgroup>>,
@@ -132,7 +133,7 @@ impl Store {
                 pid: sample.pid,
                 tid: sample.tid,
                 comm: sample.comm.clone(),
-                uid: sample.uid,
+                readable_by: sample.readable_by,
                 thread_name: sample.thread_name.clone(),
                 stack: key_stack,
                 cgroup: sample.cgroup.clone(),
@@ -202,7 +203,7 @@ impl Store {
             last = Some(bucket.time_ms);
             for (key, value) in &bucket.entries {
                 if query.profile_type.includes(key.kind)
-                    && query.visible.allows(key.uid)
+                    && query.visible.allows(key.readable_by)
                     && query
                         .filter
                         .matches(key.pid, key.tid, &key.comm, key.cgroup.as_deref())
@@ -231,7 +232,7 @@ impl Store {
                     pid: key.pid,
                     tid: key.tid,
                     comm: key.comm.clone(),
-                    uid: key.uid,
+                    readable_by: key.readable_by,
                     thread_name: key.thread_name.clone(),
                     stack: self.stacks.get(key.stack)?.clone(),
                     count: totals.count,
@@ -278,10 +279,9 @@ impl Store {
             .iter()
             .filter(|bucket| window.contains(bucket.time_ms))
             .any(|bucket| {
-                bucket
-                    .entries
-                    .keys()
-                    .any(|key| key.pid == pid && visible.allows(key.uid) && profile_type.includes(key.kind))
+                bucket.entries.keys().any(|key| {
+                    key.pid == pid && visible.allows(key.readable_by) && profile_type.includes(key.kind)
+                })
             })
     }
 
@@ -292,7 +292,7 @@ impl Store {
         for bucket in &self.buckets {
             for key in bucket.entries.keys() {
                 if let Some(cgroup) = &key.cgroup
-                    && visible.allows(key.uid)
+                    && visible.allows(key.readable_by)
                 {
                     seen.insert(cgroup);
                 }

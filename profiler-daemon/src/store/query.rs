@@ -1,6 +1,6 @@
 //! What a reader asks the store for: a time window, filters and a profile type.
 
-use crate::{cgroup::Cgroup, kind::ProfileType};
+use crate::{cgroup::Cgroup, collect::ReadableBy, kind::ProfileType};
 
 /// Which samples a query keeps: OR within a filter, AND across filters; an
 /// empty filter keeps everything.
@@ -64,22 +64,23 @@ fn any_equal(wanted: &[String], value: Option<&str>) -> bool {
     value.is_some_and(|value| wanted.iter().any(|wanted| wanted == value))
 }
 
-/// Whose processes a reader may see: the kernel's rule for profiling
-/// others (root and the access group see everything, anyone else only the
-/// processes whose real uid is theirs).
+/// Whose processes a reader may see: the kernel's rule for reading
+/// others' processes. Root and the access group (and a bearer token) see
+/// everything; any other user only the processes the kernel would let them
+/// read (see [`ReadableBy`]): not set-uid programs they started, for one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Visible {
     All,
-    OwnedBy(u32),
+    User(u32),
 }
 
 impl Visible {
-    /// Samples of unknown owner (their process could not be read) are
-    /// shown only to those who see everything.
-    pub fn allows(self, uid: Option<u32>) -> bool {
+    /// Samples of privileged processes, and of those whose credentials
+    /// could not be read, are shown only to those who see everything.
+    pub fn allows(self, readable_by: ReadableBy) -> bool {
         match self {
             Visible::All => true,
-            Visible::OwnedBy(caller) => uid == Some(caller),
+            Visible::User(caller) => readable_by == ReadableBy::User(caller),
         }
     }
 }

@@ -30,7 +30,7 @@ fn sample(pid: u32, tid: u32, comm: &str, stack: &Arc<SymbolizedStack>, count: u
         pid,
         tid,
         comm: comm.into(),
-        uid: Some(pid + 1000),
+        readable_by: ReadableBy::User(pid + 1000),
         thread_name: comm.into(),
         stack: stack.clone(),
         count,
@@ -220,12 +220,12 @@ fn has_pid_looks_only_inside_the_window() {
 }
 
 #[test]
-fn a_caller_sees_only_the_samples_of_its_own_uid() {
+fn a_caller_sees_only_the_samples_it_may_read() {
     let mut store = store(300, 1 << 20);
     let f = stack(&["f"]);
     let mut unknown = sample(7, 7, "gone", &f, 4);
-    unknown.uid = None;
-    // sample() gives pid P the uid P + 1000.
+    unknown.readable_by = ReadableBy::Privileged;
+    // sample() makes pid P readable by uid P + 1000.
     store.ingest(
         50_000,
         &[sample(1, 1, "a", &f, 1), sample(2, 2, "b", &f, 2), unknown],
@@ -238,11 +238,11 @@ fn a_caller_sees_only_the_samples_of_its_own_uid() {
         pids
     };
     assert_eq!(pids(Visible::All), vec![1, 2, 7]);
-    assert_eq!(pids(Visible::OwnedBy(1002)), vec![2]);
-    assert_eq!(pids(Visible::OwnedBy(5)), Vec::<u32>::new());
-    assert!(store.has_pid(2, Window::ALL, Visible::OwnedBy(1002), ProfileType::Cpu));
-    assert!(!store.has_pid(1, Window::ALL, Visible::OwnedBy(1002), ProfileType::Cpu));
-    assert!(!store.has_pid(7, Window::ALL, Visible::OwnedBy(1002), ProfileType::Cpu));
+    assert_eq!(pids(Visible::User(1002)), vec![2]);
+    assert_eq!(pids(Visible::User(5)), Vec::<u32>::new());
+    assert!(store.has_pid(2, Window::ALL, Visible::User(1002), ProfileType::Cpu));
+    assert!(!store.has_pid(1, Window::ALL, Visible::User(1002), ProfileType::Cpu));
+    assert!(!store.has_pid(7, Window::ALL, Visible::User(1002), ProfileType::Cpu));
     assert!(store.has_pid(7, Window::ALL, Visible::All, ProfileType::Cpu));
 }
 
@@ -297,11 +297,11 @@ fn unit_cgroup_and_container_filters_and_the_cgroups_a_caller_may_see() {
     assert_eq!(total(both), 1);
     // Each caller sees the cgroups of the processes it may see (uid = pid + 1000).
     assert_eq!(store.cgroups(Visible::All).len(), 3);
-    let own = store.cgroups(Visible::OwnedBy(1004));
+    let own = store.cgroups(Visible::User(1004));
     assert_eq!(own.len(), 1);
     assert_eq!(own[0].unit.as_deref(), Some("session-3.scope"));
     assert!(
-        store.cgroups(Visible::OwnedBy(1005)).is_empty(),
+        store.cgroups(Visible::User(1005)).is_empty(),
         "unnamed: no cgroup"
     );
 }

@@ -18,7 +18,7 @@ pub use stack::{FrameKind, Function, Line, Location, Mapping, SymbolizedSample, 
 
 use crate::{
     cgroup::{CgroupResolver, CgroupStats},
-    collect::{OpenFiles, ProcessNotice, ProcessSnapshot, RawBatch, SnapshotReader},
+    collect::{OpenFiles, ProcessNotice, ProcessSnapshot, RawBatch, ReadableBy, SnapshotReader},
 };
 use processes::{ProcessEntry, ProcessTable};
 use resolver::Resolver;
@@ -152,7 +152,7 @@ impl Symbolizer {
                 Some(process) if !process.comm.is_empty() => process.comm.clone(),
                 _ => thread_name.clone(),
             };
-            let uid = process.and_then(|process| process.uid);
+            let readable_by = process.map_or(ReadableBy::Privileged, |process| process.readable_by);
             let ns_pid = process.and_then(|process| process.ns_pid);
             let off_cpu = kind.is_off_cpu();
             let stack = stacks
@@ -182,7 +182,7 @@ impl Symbolizer {
                 pid: key.tgid,
                 tid: key.tid,
                 comm,
-                uid,
+                readable_by,
                 thread_name,
                 stack,
                 count: sample.count,

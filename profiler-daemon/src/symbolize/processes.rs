@@ -3,7 +3,7 @@
 
 use std::{collections::HashMap, sync::Arc};
 
-use crate::collect::{MappedFile, ProcessSnapshot, SnapshotReader};
+use crate::collect::{MappedFile, ProcessSnapshot, ReadableBy, SnapshotReader};
 
 use super::{resolver::Resolver, stack::Mapping};
 
@@ -20,8 +20,8 @@ pub struct UserMapping {
 
 pub struct ProcessEntry {
     pub comm: Arc<str>,
-    /// The real uid when the snapshot was read.
-    pub uid: Option<u32>,
+    /// Who could read the process when the snapshot was read.
+    pub readable_by: ReadableBy,
     /// Sorted by `start`.
     pub mappings: Vec<UserMapping>,
     /// See [`ProcessSnapshot::ns_pid`].
@@ -231,7 +231,7 @@ fn entry_from(snapshot: ProcessSnapshot, resolver: &Resolver, batch: u64) -> Pro
         .collect();
     ProcessEntry {
         comm: snapshot.comm.into(),
-        uid: snapshot.uid,
+        readable_by: snapshot.readable_by,
         mappings,
         ns_pid: snapshot.ns_pid,
         last_batch: batch,

@@ -112,9 +112,9 @@ pub struct SymbolizedSample {
     pub tid: u32,
     /// Process name.
     pub comm: Arc<str>,
-    /// The process's real uid, read with its mappings; `None` when they
-    /// could not be read (only root and the access group see those).
-    pub uid: Option<u32>,
+    /// Who may read the process, as read with its mappings; privileged
+    /// when they could not be read (only root and the access group see those).
+    pub readable_by: crate::collect::ReadableBy,
     pub thread_name: Arc<str>,
     pub stack: Arc<SymbolizedStack>,
     /// Samples (CPU) or waits (off-CPU), weighted by the sampling rate.

@@ -15,7 +15,7 @@ fn profile(samples: &[(&str, &[(&str, FrameKind)])]) -> Profile {
             pid: 7,
             tid: 7,
             comm: (*comm).into(),
-            uid: None,
+            readable_by: crate::collect::ReadableBy::Privileged,
             thread_name: (*comm).into(),
             stack: Arc::new(SymbolizedStack {
                 locations: frames

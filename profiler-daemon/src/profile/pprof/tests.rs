@@ -51,7 +51,7 @@ fn sample(pid: u32, tid: u32, comm: &str, stack: &Arc<SymbolizedStack>, count: u
         pid,
         tid,
         comm: comm.into(),
-        uid: None,
+        readable_by: crate::collect::ReadableBy::Privileged,
         thread_name: format!("{comm}-t").into(),
         stack: stack.clone(),
         count,

@@ -35,7 +35,7 @@ fn window_profile() -> Profile {
             pid,
             tid,
             comm: comm.into(),
-            uid: Some(0),
+            readable_by: crate::collect::ReadableBy::User(0),
             thread_name: format!("t{tid}").into(),
             stack: stack.clone(),
             count,

@@ -40,7 +40,7 @@ fn sample(
         pid,
         tid,
         comm: comm.into(),
-        uid: Some(0),
+        readable_by: crate::collect::ReadableBy::User(0),
         thread_name: format!("{comm}-{tid}").into(),
         stack: stack.clone(),
         count,

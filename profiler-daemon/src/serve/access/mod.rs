@@ -1,12 +1,16 @@
-//! Who may see what. The kernel's rule for profiling others: root and the
-//! members of the access group see every process; any other local user sees
-//! only the processes whose real uid is theirs. The connecting user is
+//! Who may see what, by the kernel's own rules. Root and the members of the
+//! access group (and bearer-token holders) see every process and the
+//! kernel's addresses; any other local user sees only the processes the
+//! kernel would let them read ([`crate::collect::ReadableBy`]: not set-uid
+//! programs they started), and kernel frames without addresses unless the
+//! kernel shows them addresses in /proc/kallsyms ([`kallsyms`]). The connecting user is
 //! identified by the kernel once per connection — socket diagnostics for
 //! TCP on this machine, SO_PEERCRED for the Unix socket — and a connection
 //! whose user cannot be told is refused (403) on every endpoint that shows
 //! processes. `/metrics` stays open: it carries no process names.
 
 mod groups;
+pub mod kallsyms;
 mod sock_diag;
 
 use std::{net::SocketAddr, sync::Arc};
@@ -114,7 +118,7 @@ impl AccessPolicy {
         if uid == 0 || groups::is_member(uid, &self.group) {
             Visible::All
         } else {
-            Visible::OwnedBy(uid)
+            Visible::User(uid)
         }
     }
 }
@@ -143,9 +147,39 @@ impl Caller {
 #[derive(Clone, Debug)]
 pub struct Unauthorized(pub &'static str);
 
-/// The processes a request may see; 403 when its user is unknown.
+/// What one request may see: which processes, and whether kernel frames
+/// carry their addresses. Answers are shared by requests of equal scope only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Scope {
+    pub visible: Visible,
+    /// False: kernel frames keep their names, their addresses are 0.
+    pub kernel_addresses: bool,
+}
+
+impl Scope {
+    /// Everything: root, the access group, a bearer token (granted what
+    /// CAP_PERFMON grants perf, kernel addresses included).
+    pub const ALL: Scope = Scope {
+        visible: Visible::All,
+        kernel_addresses: true,
+    };
+
+    /// The scope of a caller who sees `visible`, under the kernel's
+    /// settings now.
+    pub fn of(visible: Visible) -> Self {
+        match visible {
+            Visible::All => Scope::ALL,
+            Visible::User(_) => Scope {
+                visible,
+                kernel_addresses: kallsyms::shown_to_users(),
+            },
+        }
+    }
+}
+
+/// What a request may see; 403 when its user is unknown.
 #[derive(Clone, Copy, Debug)]
-pub struct Viewer(pub Visible);
+pub struct Viewer(pub Scope);
 
 impl<S: Send + Sync> FromRequestParts<S> for Viewer {
     type Rejection = HttpError;
@@ -155,7 +189,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Viewer {
             return Err(HttpError::new(StatusCode::UNAUTHORIZED, (*reason).to_owned()));
         }
         let reason = match parts.extensions.get::<Caller>() {
-            Some(Caller(Ok(visible))) => return Ok(Viewer(*visible)),
+            Some(Caller(Ok(visible))) => return Ok(Viewer(Scope::of(*visible))),
             Some(Caller(Err(reason))) => reason.to_string(),
             None => "the connection was not identified".to_owned(),
         };

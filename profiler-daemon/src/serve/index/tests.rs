@@ -19,7 +19,7 @@ fn profile(comm: &str, thread_name: &str) -> Profile {
             pid: 7,
             tid: 8,
             comm: comm.into(),
-            uid: None,
+            readable_by: crate::collect::ReadableBy::Privileged,
             thread_name: thread_name.into(),
             stack: Arc::new(SymbolizedStack {
                 locations: Box::new([]),

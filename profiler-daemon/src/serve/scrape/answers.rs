@@ -164,8 +164,8 @@ impl Answers {
 mod tests {
     use super::*;
     use crate::{
-        serve::scrape::key::Format,
-        store::{Filter, Visible, Window},
+        serve::{access::Scope, scrape::key::Format},
+        store::{Filter, Window},
     };
 
     fn key(end_ms: u64, pid: u32) -> ShareKey {
@@ -178,7 +178,7 @@ mod tests {
                 pids: vec![pid],
                 ..Filter::default()
             },
-            Visible::All,
+            Scope::ALL,
             crate::kind::ProfileType::Cpu,
             Format::Pprof,
         )

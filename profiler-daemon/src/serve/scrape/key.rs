@@ -2,8 +2,8 @@
 
 use crate::{
     kind::ProfileType,
-    serve::params::Span,
-    store::{Filter, Visible, Window},
+    serve::{access::Scope, params::Span},
+    store::{Filter, Window},
 };
 
 /// How an answer is written; part of the key, since each is its own bytes.
@@ -31,13 +31,14 @@ pub enum Format {
 ///
 /// The scope is part of the key so that an answer computed for someone who
 /// sees every process is never handed to someone who sees only their own
-/// (nor one user's answer to another user).
+/// (nor one user's answer to another user), and one with kernel addresses
+/// never to someone the kernel hides them from.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ShareKey {
     pub window: Window,
     /// Normalized ([`Filter::normalized`]).
     pub filter: Filter,
-    pub visible: Visible,
+    pub scope: Scope,
     pub profile_type: ProfileType,
     pub format: Format,
 }
@@ -46,14 +47,14 @@ impl ShareKey {
     pub fn new(
         window: Window,
         filter: Filter,
-        visible: Visible,
+        scope: Scope,
         profile_type: ProfileType,
         format: Format,
     ) -> Self {
         Self {
             window,
             filter: filter.normalized(),
-            visible,
+            scope,
             profile_type,
             format,
         }
@@ -69,6 +70,15 @@ impl ShareKey {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Visible;
+
+    /// An unprivileged user's scope, kernel addresses hidden.
+    fn user(uid: u32) -> Scope {
+        Scope {
+            visible: Visible::User(uid),
+            kernel_addresses: false,
+        }
+    }
 
     fn filter(pids: &[u32], tids: &[u32], comms: &[&str]) -> Filter {
         Filter {
@@ -89,14 +99,14 @@ mod tests {
         let a = ShareKey::new(
             WINDOW,
             filter(&[3, 1, 2, 1], &[9, 8], &["b", "a"]),
-            Visible::All,
+            Scope::ALL,
             ProfileType::Cpu,
             Format::Pprof,
         );
         let b = ShareKey::new(
             WINDOW,
             filter(&[1, 2, 3], &[8, 9, 9], &["a", "b", "a"]),
-            Visible::All,
+            Scope::ALL,
             ProfileType::Cpu,
             Format::Pprof,
         );
@@ -109,7 +119,7 @@ mod tests {
         let base = ShareKey::new(
             WINDOW,
             filter(&[1], &[], &[]),
-            Visible::All,
+            Scope::ALL,
             ProfileType::Cpu,
             Format::Pprof,
         );
@@ -117,7 +127,7 @@ mod tests {
             ShareKey::new(
                 WINDOW,
                 filter(&[1], &[], &[]),
-                Visible::OwnedBy(1000),
+                user(1000),
                 ProfileType::Cpu,
                 Format::Pprof,
             ),
@@ -127,35 +137,35 @@ mod tests {
                     ..WINDOW
                 },
                 filter(&[1], &[], &[]),
-                Visible::All,
+                Scope::ALL,
                 ProfileType::Cpu,
                 Format::Pprof,
             ),
             ShareKey::new(
                 WINDOW,
                 filter(&[2], &[], &[]),
-                Visible::All,
+                Scope::ALL,
                 ProfileType::Cpu,
                 Format::Pprof,
             ),
             ShareKey::new(
                 WINDOW,
                 filter(&[], &[1], &[]),
-                Visible::All,
+                Scope::ALL,
                 ProfileType::Cpu,
                 Format::Pprof,
             ),
             ShareKey::new(
                 WINDOW,
                 filter(&[1], &[], &[]),
-                Visible::All,
+                Scope::ALL,
                 ProfileType::Cpu,
                 Format::Folded,
             ),
             ShareKey::new(
                 WINDOW,
                 filter(&[1], &[], &[]),
-                Visible::All,
+                Scope::ALL,
                 ProfileType::Cpu,
                 Format::Top {
                     json: false,
@@ -173,25 +183,45 @@ mod tests {
                 ShareKey::new(
                     WINDOW,
                     filter(&[1], &[], &[]),
-                    Visible::All,
+                    Scope::ALL,
                     profile_type,
                     Format::Pprof
                 )
             );
         }
+        // Nor does a user the kernel shows its addresses with one it hides them from.
+        assert_ne!(
+            ShareKey::new(
+                WINDOW,
+                Filter::default(),
+                user(1000),
+                ProfileType::Cpu,
+                Format::Folded
+            ),
+            ShareKey::new(
+                WINDOW,
+                Filter::default(),
+                Scope {
+                    kernel_addresses: true,
+                    ..user(1000)
+                },
+                ProfileType::Cpu,
+                Format::Folded
+            )
+        );
         // Two unprivileged users never share either.
         assert_ne!(
             ShareKey::new(
                 WINDOW,
                 Filter::default(),
-                Visible::OwnedBy(1000),
+                user(1000),
                 ProfileType::Cpu,
                 Format::Pprof
             ),
             ShareKey::new(
                 WINDOW,
                 Filter::default(),
-                Visible::OwnedBy(1001),
+                user(1001),
                 ProfileType::Cpu,
                 Format::Pprof
             )

@@ -212,7 +212,7 @@ impl Scrapes {
         let query = Query {
             window: key.window,
             filter: key.filter.clone(),
-            visible: key.visible,
+            visible: key.scope.visible,
             profile_type: key.profile_type,
         };
         let profile = store
@@ -220,7 +220,8 @@ impl Scrapes {
             .await
             .map_err(|closed| (store_closed(closed), None))?;
         let queried = asked.elapsed() - waited;
-        let needs = render::estimate_bytes(&profile);
+        let kernel_addresses = key.scope.kernel_addresses;
+        let needs = render::estimate_bytes(&profile, kernel_addresses);
         let _encode_memory = match self.admission.reserve_more(needs).await {
             Ok(reserved) => reserved,
             Err(refusal) => {
@@ -240,6 +241,10 @@ impl Scrapes {
         // milliseconds: off the async workers, so other requests and the
         // store keep moving.
         let answer = tokio::task::spawn_blocking(move || {
+            let mut profile = profile;
+            if !kernel_addresses {
+                profile.hide_kernel_addresses();
+            }
             let answer = render::render(format, &profile, &filter);
             drop(profile);
             release_free_memory();

@@ -9,6 +9,7 @@ use crate::{
     profile::{Profile, pprof},
     serve::{index, threads, views},
     store::Filter,
+    symbolize::Location,
 };
 
 // Fitted to the daemon's peak RSS over its RSS before a /pprof of 5k to 12k
@@ -25,6 +26,10 @@ const SAMPLE_FRAME_BYTES: usize = 16;
 /// function and string tables and the builder's indexes of them (distinct
 /// stacks share most frames, so this is an upper bound).
 const STACK_FRAME_BYTES: usize = 48;
+
+/// Per frame of a distinct stack copied without kernel addresses: the
+/// location, and the copy's share of the index of copies.
+const COPIED_FRAME_BYTES: usize = size_of::<Location>() + 8;
 
 /// Per entry of the store a query reads: its slot in the aggregation (~40)
 /// and the profile's sample (~72, as if every entry were distinct), with the
@@ -65,8 +70,10 @@ pub fn render(format: Format, profile: &Profile, filter: &Filter) -> std::io::Re
 }
 
 /// An upper estimate of the memory rendering `profile` takes at its peak,
-/// reserved from the budget before it starts.
-pub fn estimate_bytes(profile: &Profile) -> usize {
+/// reserved from the budget before it starts. Without `kernel_addresses`
+/// each distinct stack is copied first (see [`Profile::hide_kernel_addresses`]).
+pub fn estimate_bytes(profile: &Profile, kernel_addresses: bool) -> usize {
+    let copy_frame_bytes = if kernel_addresses { 0 } else { COPIED_FRAME_BYTES };
     // The store interns stacks: samples of one stack share its Arc.
     let mut stacks = HashSet::new();
     profile
@@ -75,7 +82,13 @@ pub fn estimate_bytes(profile: &Profile) -> usize {
         .map(|sample| {
             let depth = sample.stack.locations.len();
             let new = stacks.insert(Arc::as_ptr(&sample.stack));
-            SAMPLE_BYTES + SAMPLE_FRAME_BYTES * depth + if new { STACK_FRAME_BYTES * depth } else { 0 }
+            SAMPLE_BYTES
+                + SAMPLE_FRAME_BYTES * depth
+                + if new {
+                    (STACK_FRAME_BYTES + copy_frame_bytes) * depth
+                } else {
+                    0
+                }
         })
         .sum()
 }
@@ -124,7 +137,7 @@ mod tests {
                     pid: 1,
                     tid: tid as u32,
                     comm: "c".into(),
-                    uid: Some(0),
+                    readable_by: crate::collect::ReadableBy::User(0),
                     thread_name: "t".into(),
                     stack: stack.clone(),
                     count: 1,
@@ -139,12 +152,15 @@ mod tests {
     #[test]
     fn a_stack_shared_by_samples_counts_its_frames_once() {
         let shared = stack(10);
-        let one = estimate_bytes(&profile(std::slice::from_ref(&shared)));
+        let one = estimate_bytes(&profile(std::slice::from_ref(&shared)), true);
         assert_eq!(one, SAMPLE_BYTES + 10 * (SAMPLE_FRAME_BYTES + STACK_FRAME_BYTES));
-        let twice = estimate_bytes(&profile(&[shared.clone(), shared]));
+        let twice = estimate_bytes(&profile(&[shared.clone(), shared.clone()]), true);
         assert_eq!(twice, one + SAMPLE_BYTES + 10 * SAMPLE_FRAME_BYTES);
-        let distinct = estimate_bytes(&profile(&[stack(10), stack(10)]));
+        let distinct = estimate_bytes(&profile(&[stack(10), stack(10)]), true);
         assert_eq!(distinct, 2 * one);
-        assert_eq!(estimate_bytes(&profile(&[])), 0);
+        assert_eq!(estimate_bytes(&profile(&[]), true), 0);
+        // Hiding kernel addresses copies each distinct stack once.
+        let copied = estimate_bytes(&profile(&[shared.clone(), shared]), false);
+        assert_eq!(copied, twice + 10 * COPIED_FRAME_BYTES);
     }
 }
