@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared by the set-up scripts: progress lines and the idempotent installers.
 # Sourced, not run.
 

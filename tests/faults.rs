@@ -31,6 +31,21 @@ fn bpf_program_ids() -> HashSet<u64> {
     })
 }
 
+/// Ids of the BPF programs process `pid` holds descriptors of (not those of
+/// any other daemon that runs meanwhile, as other test files' may).
+fn programs_held_by(pid: u32) -> HashSet<u64> {
+    let dir = format!("/proc/{pid}/fdinfo");
+    std::fs::read_dir(&dir)
+        .unwrap_or_else(|err| panic!("reading {dir}: {err}"))
+        .filter_map(|entry| std::fs::read_to_string(entry.ok()?.path()).ok())
+        .filter_map(|info| {
+            info.lines()
+                .find_map(|line| line.strip_prefix("prog_id:"))
+                .and_then(|id| id.trim().parse().ok())
+        })
+        .collect()
+}
+
 #[test]
 fn an_exited_process_keeps_its_symbolized_samples() {
     let _serial = serial();
@@ -244,9 +259,8 @@ fn full_maps_are_counted_in_metrics_and_recovered_from() {
 #[test]
 fn kill_9_leaves_nothing_attached_and_a_restart_is_clean() {
     let _serial = serial();
-    let before = bpf_program_ids();
     let daemon = Daemon::start(&[]);
-    let ours: HashSet<u64> = bpf_program_ids().difference(&before).copied().collect();
+    let ours = programs_held_by(daemon.pid());
     assert!(
         ours.len() >= 3,
         "the daemon's programs (sample, on_exec, on_exit) should be loaded: {ours:?}"
