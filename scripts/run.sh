@@ -18,5 +18,5 @@ fi
 at=$SECONDS
 cargo build --release -p profiler-daemon
 say "built in $((SECONDS - at)) s; set-up and build took $((SECONDS - started)) s"
-say "starting target/release/profilerd $*: it answers on http://127.0.0.1:7040/ (try /top) unless --listen says otherwise; Ctrl-C stops it"
+say "starting target/release/profilerd${*:+ $*}: it answers on http://127.0.0.1:7040/ (try /top) unless --listen says otherwise; Ctrl-C stops it"
 exec "$root/target/release/profilerd" "$@"
