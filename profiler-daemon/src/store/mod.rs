@@ -8,10 +8,12 @@
 //! samples (their kinds differ), whose nanoseconds add up to its wall time.
 //! A window of drains is therefore exact: what a reader asks for between two
 //! drains is precisely what was sampled between them. Buckets older than the retention go, and so
-//! do the oldest ones whenever the approximate memory use passes the bound.
+//! do the oldest samples whenever the approximate memory use passes the
+//! bound: first those of whoever is over their share of it (see [`room`]).
 
 mod actor;
 mod query;
+mod room;
 mod stacks;
 
 use std::{collections::HashMap, collections::VecDeque, sync::Arc, time::Duration};
@@ -23,8 +25,10 @@ use crate::{
     cgroup::Cgroup,
     kind::{ProfileType, SampleKind},
     profile::Profile,
+    shares::{DEFAULT_USER_SHARE_PERCENT, Owner, Shares},
     symbolize::{SymbolizedSample, SymbolizedStack},
 };
+pub use room::{LOSS_REASONS, StoreLosses};
 use stacks::{StackId, StackTable};
 
 /// Approximate bytes of one bucket entry (key, value and hash table overhead).
@@ -35,6 +39,9 @@ const BUCKET_BYTES: usize = 128;
 pub struct StoreConfig {
     pub retention: Duration,
     pub max_bytes: usize,
+    /// The percentage of `max_bytes` each non-root user keeps when the store
+    /// is full (`store_user_share_percent`).
+    pub user_share_percent: u64,
 }
 
 impl Default for StoreConfig {
@@ -42,12 +49,13 @@ impl Default for StoreConfig {
         Self {
             retention: Duration::from_secs(300),
             max_bytes: 64 << 20,
+            user_share_percent: DEFAULT_USER_SHARE_PERCENT,
         }
     }
 }
 
 /// Cumulative store counters and current sizes.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct StoreStats {
     pub samples_ingested: u64,
     /// Samples that aged out of the retention window.
@@ -57,6 +65,8 @@ pub struct StoreStats {
     pub bytes: usize,
     pub buckets: usize,
     pub stacks: usize,
+    /// Samples each owner lost to the bound, per reason ([`LOSS_REASONS`]).
+    pub losses: StoreLosses,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -82,6 +92,18 @@ struct Totals {
 struct Bucket {
     time_ms: u64,
     entries: HashMap<EntryKey, Totals>,
+    /// Entries per owner, to find an owner's oldest without a scan.
+    owners: HashMap<Owner, usize>,
+}
+
+impl Bucket {
+    fn new(time_ms: u64) -> Self {
+        Self {
+            time_ms,
+            entries: HashMap::new(),
+            owners: HashMap::new(),
+        }
+    }
 }
 
 pub struct Store {
@@ -90,6 +112,9 @@ pub struct Store {
     buckets: VecDeque<Bucket>,
     stacks: StackTable,
     entry_count: usize,
+    shares: Shares,
+    /// Bytes charged to each owner: its entries and the stacks it brought in.
+    owner_bytes: HashMap<Owner, usize>,
     stats: StoreStats,
 }
 
@@ -101,6 +126,8 @@ impl Store {
             buckets: VecDeque::new(),
             stacks: StackTable::default(),
             entry_count: 0,
+            shares: Shares::new(config.max_bytes as u64, config.user_share_percent),
+            owner_bytes: HashMap::new(),
             stats: StoreStats::default(),
         }
     }
@@ -115,18 +142,24 @@ impl Store {
         self.expire(time_ms);
         // Drains arrive in time order; a clock step back lands in the newest bucket.
         if self.buckets.back().is_none_or(|bucket| bucket.time_ms < time_ms) {
-            self.buckets.push_back(Bucket {
-                time_ms,
-                entries: HashMap::new(),
-            });
+            self.buckets.push_back(Bucket::new(time_ms));
         }
         let mut batch_ids: HashMap<*const SymbolizedStack, StackId> = HashMap::new();
         for sample in samples {
             self.stats.samples_ingested += sample.count;
-            let key_stack = *batch_ids.entry(Arc::as_ptr(&sample.stack)).or_insert_with(|| {
-                // This reference is the batch's own, released at the end of the call.
-                self.stacks.acquire(&sample.stack).0
-            });
+            let owner = Owner::of(sample.uid);
+            let key_stack = match batch_ids.get(&Arc::as_ptr(&sample.stack)) {
+                Some(&id) => id,
+                None => {
+                    // This reference is the batch's own, released at the end of the call.
+                    let (id, new) = self.stacks.acquire(&sample.stack, owner);
+                    if new {
+                        self.charge(owner, sample.stack.approx_bytes());
+                    }
+                    batch_ids.insert(Arc::as_ptr(&sample.stack), id);
+                    id
+                }
+            };
             let key = EntryKey {
                 kind: sample.kind,
                 pid: sample.pid,
@@ -144,8 +177,9 @@ impl Store {
                 totals.ns += sample.ns;
                 continue;
             }
-            if !self.make_room(ENTRY_BYTES) {
+            if !self.make_room(owner, ENTRY_BYTES) {
                 self.stats.samples_evicted += sample.count;
+                self.stats.losses.add(owner, room::REFUSED, sample.count);
                 continue;
             }
             self.stacks.add_ref(key_stack);
@@ -160,11 +194,13 @@ impl Store {
                     ns: sample.ns,
                 },
             );
+            *bucket.owners.entry(owner).or_default() += 1;
             self.entry_count += 1;
+            self.charge(owner, ENTRY_BYTES);
         }
         // Drop the batch's own references; stacks no entry kept are freed.
         for id in batch_ids.into_values() {
-            self.stacks.release(id);
+            self.release_stack(id);
         }
         self.refresh_stats();
     }
@@ -179,7 +215,7 @@ impl Store {
             .front()
             .is_some_and(|bucket| bucket.time_ms <= oldest_kept)
         {
-            let count = self.pop_oldest();
+            let count = self.pop_oldest(None);
             self.stats.samples_expired += count;
         }
         self.refresh_stats();
@@ -302,37 +338,11 @@ impl Store {
     }
 
     pub fn stats(&self) -> StoreStats {
-        self.stats
+        self.stats.clone()
     }
 
     fn bytes(&self) -> usize {
         self.entry_count * ENTRY_BYTES + self.buckets.len() * BUCKET_BYTES + self.stacks.bytes()
-    }
-
-    /// Evicts the oldest buckets (never the newest) until `extra` more bytes
-    /// fit; false if they cannot.
-    fn make_room(&mut self, extra: usize) -> bool {
-        while self.bytes() + extra > self.config.max_bytes {
-            if self.buckets.len() <= 1 {
-                return false;
-            }
-            let count = self.pop_oldest();
-            self.stats.samples_evicted += count;
-        }
-        true
-    }
-
-    fn pop_oldest(&mut self) -> u64 {
-        let Some(bucket) = self.buckets.pop_front() else {
-            return 0;
-        };
-        let mut count = 0;
-        self.entry_count -= bucket.entries.len();
-        for (key, value) in bucket.entries {
-            count += value.count;
-            self.stacks.release(key.stack);
-        }
-        count
     }
 
     fn refresh_stats(&mut self) {
@@ -342,5 +352,7 @@ impl Store {
     }
 }
 
+#[cfg(test)]
+mod share_tests;
 #[cfg(test)]
 mod tests;
