@@ -82,6 +82,22 @@ struct EntryKey {
     ns_pid: Option<u32>,
 }
 
+impl EntryKey {
+    fn of(sample: &SymbolizedSample, stack: StackId) -> Self {
+        Self {
+            kind: sample.kind,
+            pid: sample.pid,
+            tid: sample.tid,
+            comm: sample.comm.clone(),
+            uid: sample.uid,
+            thread_name: sample.thread_name.clone(),
+            stack,
+            cgroup: sample.cgroup.clone(),
+            ns_pid: sample.ns_pid,
+        }
+    }
+}
+
 /// Samples (or waits) and nanoseconds, as the entry's kind counts them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct Totals {
@@ -144,45 +160,60 @@ impl Store {
         if self.buckets.back().is_none_or(|bucket| bucket.time_ms < time_ms) {
             self.buckets.push_back(Bucket::new(time_ms));
         }
+        // Each distinct stack Arc of the batch is looked up by content once;
+        // an id cached here may have been freed (and reused) by an eviction
+        // since, hence the check. The batch holds no reference of its own: a
+        // storm's stacks must not stay pinned while its entries are evicted.
         let mut batch_ids: HashMap<*const SymbolizedStack, StackId> = HashMap::new();
         for sample in samples {
             self.stats.samples_ingested += sample.count;
             let owner = Owner::of(sample.uid);
-            let key_stack = match batch_ids.get(&Arc::as_ptr(&sample.stack)) {
-                Some(&id) => id,
-                None => {
-                    // This reference is the batch's own, released at the end of the call.
-                    let (id, new) = self.stacks.acquire(&sample.stack, owner);
-                    if new {
-                        self.charge(owner, sample.stack.approx_bytes());
+            let pointer = Arc::as_ptr(&sample.stack);
+            let known = batch_ids
+                .get(&pointer)
+                .copied()
+                .filter(|&id| {
+                    self.stacks
+                        .get(id)
+                        .is_some_and(|stack| Arc::ptr_eq(stack, &sample.stack) || **stack == *sample.stack)
+                })
+                .or_else(|| self.stacks.id_of(&sample.stack));
+            let stored = match known {
+                Some(id) => {
+                    batch_ids.insert(pointer, id);
+                    let key = EntryKey::of(sample, id);
+                    let bucket = self.buckets.back_mut().expect("a bucket was pushed above");
+                    if let Some(totals) = bucket.entries.get_mut(&key) {
+                        totals.count += sample.count;
+                        totals.ns += sample.ns;
+                        continue;
                     }
-                    batch_ids.insert(Arc::as_ptr(&sample.stack), id);
-                    id
+                    // The new entry's reference, taken first: making room
+                    // must not free the stack under it.
+                    self.stacks.add_ref(id);
+                    let room = self.make_room(owner, ENTRY_BYTES);
+                    if !room {
+                        self.release_stack(id);
+                    }
+                    room.then_some(key)
+                }
+                None => {
+                    let bytes = sample.stack.approx_bytes();
+                    self.make_room(owner, ENTRY_BYTES + bytes).then(|| {
+                        let (id, new) = self.stacks.acquire(&sample.stack, owner);
+                        if new {
+                            self.charge(owner, bytes);
+                        }
+                        batch_ids.insert(pointer, id);
+                        EntryKey::of(sample, id)
+                    })
                 }
             };
-            let key = EntryKey {
-                kind: sample.kind,
-                pid: sample.pid,
-                tid: sample.tid,
-                comm: sample.comm.clone(),
-                uid: sample.uid,
-                thread_name: sample.thread_name.clone(),
-                stack: key_stack,
-                cgroup: sample.cgroup.clone(),
-                ns_pid: sample.ns_pid,
-            };
-            let bucket = self.buckets.back_mut().expect("a bucket was pushed above");
-            if let Some(totals) = bucket.entries.get_mut(&key) {
-                totals.count += sample.count;
-                totals.ns += sample.ns;
-                continue;
-            }
-            if !self.make_room(owner, ENTRY_BYTES) {
+            let Some(key) = stored else {
                 self.stats.samples_evicted += sample.count;
                 self.stats.losses.add(owner, room::REFUSED, sample.count);
                 continue;
-            }
-            self.stacks.add_ref(key_stack);
+            };
             let bucket = self
                 .buckets
                 .back_mut()
@@ -197,10 +228,6 @@ impl Store {
             *bucket.owners.entry(owner).or_default() += 1;
             self.entry_count += 1;
             self.charge(owner, ENTRY_BYTES);
-        }
-        // Drop the batch's own references; stacks no entry kept are freed.
-        for id in batch_ids.into_values() {
-            self.release_stack(id);
         }
         self.refresh_stats();
     }

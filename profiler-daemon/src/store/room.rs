@@ -25,18 +25,30 @@ impl Store {
     /// is none for it.
     pub(super) fn make_room(&mut self, owner: Owner, extra: usize) -> bool {
         while self.bytes() + extra > self.config.max_bytes {
-            if let Some(victim) = self.most_over_share(owner, extra) {
-                // Its own newest drain is what it is adding to: an owner over
-                // its share keeps that rather than taking from anyone else.
-                if self.evict_oldest_of(victim, victim == owner) {
+            if self.over_share(owner, extra) > 0 {
+                // Over its share, an owner makes room from its own oldest
+                // only (never its newest drain, which it is adding to): it
+                // cannot take from anyone, even someone further over.
+                if self.evict_oldest_of(owner, true) {
                     continue;
                 }
-                if victim == owner {
-                    return false;
-                }
+                return false;
             }
-            // Nobody over their share (or nothing of theirs to take): the
-            // oldest drain goes, as it did before shares.
+            // Within its share: those over theirs give room back, the
+            // furthest over first.
+            let victims = self.over_share_owners(owner);
+            if victims
+                .into_iter()
+                .any(|victim| self.evict_oldest_of(victim, false))
+            {
+                continue;
+            }
+            // Nobody over their share (the shares overcommit the bound, or
+            // the drains' own overhead fills it): its own oldest first, then
+            // the oldest drain, as before shares.
+            if self.evict_oldest_of(owner, true) {
+                continue;
+            }
             if self.buckets.len() <= 1 {
                 return false;
             }
@@ -46,17 +58,23 @@ impl Store {
         true
     }
 
-    /// The owner furthest over its share, counting `extra` for `owner`.
-    fn most_over_share(&self, owner: Owner, extra: usize) -> Option<Owner> {
-        self.owner_bytes
-            .iter()
-            .filter_map(|(&who, &bytes)| {
-                let bytes = bytes + if who == owner { extra } else { 0 };
-                let over = (bytes as u64).checked_sub(self.shares.of(who))?;
-                (over > 0).then_some((who, over))
-            })
-            .max_by_key(|&(who, over)| (over, who))
-            .map(|(who, _)| who)
+    /// How far `who` is over its share, counting `extra` more for `owner`.
+    fn over_share(&self, who: Owner, extra: usize) -> u64 {
+        let bytes = self.owner_bytes.get(&who).copied().unwrap_or(0) + extra;
+        (bytes as u64).saturating_sub(self.shares.of(who))
+    }
+
+    /// The owners over their shares but `owner`, the furthest over first.
+    fn over_share_owners(&self, owner: Owner) -> Vec<Owner> {
+        let mut over: Vec<(u64, Owner)> = self
+            .owner_bytes
+            .keys()
+            .filter(|&&who| who != owner)
+            .map(|&who| (self.over_share(who, 0), who))
+            .filter(|&(over, _)| over > 0)
+            .collect();
+        over.sort_unstable_by(|a, b| b.cmp(a));
+        over.into_iter().map(|(_, who)| who).collect()
     }
 
     /// Evicts `victim`'s entries from the oldest drain holding any (not the

@@ -168,3 +168,55 @@ fn expiry_is_no_loss() {
     assert_eq!(stats.samples_evicted, 0);
     assert!(stats.losses.series().is_empty(), "{:?}", stats.losses.series());
 }
+
+#[test]
+fn a_storm_larger_than_the_store_in_one_drain_leaves_roots_history() {
+    let mut store = store(50);
+    for second in 0..60u64 {
+        // Deep, distinct stacks: one drain's worth is several times the bound.
+        let mut samples: Vec<SymbolizedSample> = (0..400u32)
+            .map(|tid| {
+                let frames: Vec<String> = (0..60).map(|depth| format!("f{second}_{tid}_{depth}")).collect();
+                let frames: Vec<&str> = frames.iter().map(String::as_str).collect();
+                sample(STORMER_PID, 1000 + tid, "storm", &stack(&frames), 1)
+            })
+            .collect();
+        // Root's sample comes last, when the storm has taken all there was.
+        samples.push(root_sample());
+        store.ingest((second + 1) * 1000, &samples);
+        assert!(
+            store.stats().bytes <= MAX,
+            "{} bytes at second {second}",
+            store.stats().bytes
+        );
+    }
+    check_accounting(&store);
+    assert_eq!(kept(&store, ROOT_PID), 60, "{:?}", store.stats().losses.series());
+    assert!(
+        store.stats().losses.of(STORMER, REFUSED) > 0,
+        "the storm's own excess was refused"
+    );
+}
+
+#[test]
+fn an_owner_over_its_share_takes_only_from_itself() {
+    // Another user's history, a little over its share, stays whole while
+    // the storm, over its own too (though by less), keeps on.
+    let mut store = store(40);
+    let other_pid = 30;
+    let other = Owner::User(1030);
+    for second in 0..300u64 {
+        let mut samples = storm(second);
+        if second < 60 {
+            samples = (0..44u32)
+                .map(|tid| sample(other_pid, 100 + tid, "other", &stack(&["other", "main"]), 1))
+                .collect();
+        }
+        store.ingest((second + 1) * 1000, &samples);
+    }
+    check_accounting(&store);
+    let losses = store.stats().losses;
+    assert!(losses.of(STORMER, OVER_SHARE) > 0);
+    assert_eq!(kept(&store, other_pid), 60 * 44, "{:?}", losses.series());
+    assert_eq!(losses.of(other, OVER_SHARE) + losses.of(other, STORE_FULL), 0);
+}

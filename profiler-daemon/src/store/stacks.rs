@@ -53,6 +53,11 @@ impl StackTable {
         (id, true)
     }
 
+    /// The id of a stack of this content, if the table holds one.
+    pub fn id_of(&self, stack: &Arc<SymbolizedStack>) -> Option<StackId> {
+        self.ids.get(stack).copied()
+    }
+
     pub fn add_ref(&mut self, id: StackId) {
         if let Some(Some(slot)) = self.slots.get_mut(id as usize) {
             slot.refs += 1;
