@@ -65,6 +65,11 @@ impl Charges {
         }
     }
 
+    /// Whose table is being placed.
+    pub fn placing(&self) -> Owner {
+        self.placing
+    }
+
     fn used(&self, owner: Owner) -> u64 {
         self.used.get(&owner).copied().unwrap_or(0)
     }

@@ -165,11 +165,6 @@ impl<C: TableCompiler> TableManager<C> {
         let Some((victim, reason)) = charges::choose(candidates, worth) else {
             return false;
         };
-        tracing::trace!(
-            worth,
-            reason = charges::LOSS_REASONS[reason],
-            "evicting an unwind table"
-        );
         let Some(table) = self.files.get_mut(&victim) else {
             return false;
         };
@@ -184,7 +179,13 @@ impl<C: TableCompiler> TableManager<C> {
             tracing::warn!("clearing {}: {}", maps::UNWIND_TABLES, Chain(&err));
         }
         let state = std::mem::replace(&mut table.state, TableState::Evicted { at: Instant::now() });
-        tracing::debug!(path = %table.path, "unwind table evicted");
+        tracing::debug!(
+            path = %table.path,
+            reason = charges::LOSS_REASONS.get(reason).copied().unwrap_or("?"),
+            placing = ?charges.placing(),
+            worth,
+            "unwind table evicted"
+        );
         self.release(&state);
         self.stats.evictions.fetch_add(1, Ordering::Relaxed);
         true
