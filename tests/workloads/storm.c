@@ -1,12 +1,12 @@
 /* One user's off-CPU storm (issue 30): THREADS threads each wait ~1 ms at
- * a time, at a depth of recursion (0 to 63) that changes with every wait, so every
+ * a time, at a depth of recursion (0 to 99) that changes with every wait, so every
  * drain brings the store THREADS x DEPTHS new (thread, stack) entries.
  * Usage: storm THREADS SECONDS */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include "attack.h"
 
-#define DEPTHS 64
+#define DEPTHS 100
 #define MAX_THREADS 1024
 
 static double end_time;
