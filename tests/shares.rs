@@ -118,9 +118,10 @@ fn a_users_enormous_unwind_tables_leave_a_root_process_in_bursts_its_whole_stack
 
 /// The store's bound (the default) and retention in the second test: the
 /// storm brings several MiB a drain (its stacks are deep), so it fills the
-/// store in about 10 s; root's part, 32 MiB, holds root's history even on a
-/// machine busy with other root work (17 MiB in 40 s measured while other
-/// tests and builds ran).
+/// store in about 10 s. Root's part, 32 MiB, holds root's history on a
+/// machine that is not itself busy as root: builds running beside the test
+/// (rustc's waits, thousands of stacks a second) fill root's part on their
+/// own, and root's oldest go to root's own load, shares or not.
 const STORE_MB: &str = "64";
 const RETENTION: u64 = 40;
 /// The storm: threads, each waiting 1 ms at a time in 100 stacks.
