@@ -4,6 +4,7 @@
 //! set small so the attacks fill them in seconds.
 
 use std::{
+    os::unix::process::CommandExt,
     path::{Path, PathBuf},
     process::Command,
     time::Duration,
@@ -131,6 +132,10 @@ const STORM_THREADS: &str = "64";
 const SPAN: u64 = 10;
 const QUERIED_AFTER: u64 = RETENTION - 5;
 const DAEMON_HZ: u64 = 99;
+/// The daemon's default drain interval.
+const DRAIN_MS: u64 = 1000;
+/// A bystander beside root: another user (nobody), within its share.
+const BYSTANDER_UID: u32 = 65534;
 
 /// Root's samples of `pid` in `[start_ms, end_ms)`, from /folded.
 fn stored_between(daemon: &Daemon, pid: u32, start_ms: u64, end_ms: u64) -> Stacks {
@@ -163,8 +168,17 @@ fn a_users_off_cpu_storm_leaves_roots_history_at_the_retention() {
         "--retention-seconds",
         &retention,
     ]);
-    // Root's steady history: busy 200 ms of every second.
+    // Root's steady history: busy 200 ms of every second; and the same for
+    // another user's process (which root's own load on a busy machine cannot
+    // take: that user is within its share).
     let root = Workload::spawn(env!("WORKLOAD_CXX_SORT"), &[FOREVER, "200", "1000"]);
+    let bursts = attacker.own_copy(Path::new(env!("WORKLOAD_CXX_SORT")), &dir, "cxx_sort");
+    let mut command = Command::new(&bursts);
+    command
+        .uid(BYSTANDER_UID)
+        .gid(BYSTANDER_UID)
+        .args([FOREVER, "200", "1000"]);
+    let bystander = Attack::spawn("bystander", command);
     std::thread::sleep(Duration::from_secs(2));
     let mut storm = attack(
         attacker,
@@ -173,23 +187,30 @@ fn a_users_off_cpu_storm_leaves_roots_history_at_the_retention() {
         &[STORM_THREADS.to_owned(), FOREVER.to_owned()],
     );
     std::thread::sleep(Duration::from_secs(2));
-    let (start_ms, cpu_before) = (unix_ms(), cpu::cpu_time(root.pid()));
+    let pids = [root.pid(), bystander.pid()];
+    let (start_ms, cpu_before) = (unix_ms(), pids.map(cpu::cpu_time));
     std::thread::sleep(Duration::from_secs(SPAN));
-    let (end_ms, cpu_after) = (unix_ms(), cpu::cpu_time(root.pid()));
+    let (end_ms, cpu_after) = (unix_ms(), pids.map(cpu::cpu_time));
     std::thread::sleep(Duration::from_secs(QUERIED_AFTER - SPAN));
     storm.assert_running();
 
-    let stacks = stored_between(&daemon, root.pid(), start_ms, end_ms);
+    // A drain's bucket holds what was sampled since the drain before it:
+    // asked from a drain later, the window holds what ran from `start_ms`.
+    let stacks = pids.map(|pid| stored_between(&daemon, pid, start_ms + DRAIN_MS, end_ms));
     let metrics = daemon.get("/metrics").text();
     eprintln!("{}", lines_of(&metrics, "profilerd_store_").join("\n"));
     let evicted = metric_sum(&metrics, "profilerd_store_samples_total{fate=\"evicted\"}").unwrap_or(0.0);
     assert!(evicted >= 1.0, "the storm filled the store (nothing was evicted)");
-    Expected::new(cpu_after - cpu_before, DAEMON_HZ).check(
-        &format!("root's samples stored from {QUERIED_AFTER} s ago (retention {RETENTION} s)"),
-        stacks.total(),
-        0.8,
-        50,
-    );
+    // The bystander first: root's own load cannot take its part.
+    for index in [1, 0] {
+        let who = ["root's", "the other user's"][index];
+        Expected::new(cpu_after[index] - cpu_before[index], DAEMON_HZ).check(
+            &format!("{who} samples stored from {QUERIED_AFTER} s ago (retention {RETENTION} s)"),
+            stacks[index].total(),
+            0.8,
+            50,
+        );
+    }
     let uid = attacker.uid.to_string();
     let metric = "profilerd_store_losses_total";
     assert!(
@@ -202,4 +223,5 @@ fn a_users_off_cpu_storm_leaves_roots_history_at_the_retention() {
         .map(|reason| loss(&metrics, metric, "privileged", reason))
         .sum();
     assert_eq!(root_lost, 0.0, "root lost nothing to the storm");
+    drop(bystander);
 }
