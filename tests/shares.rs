@@ -117,13 +117,15 @@ fn a_users_enormous_unwind_tables_leave_a_root_process_in_bursts_its_whole_stack
     drop(attacks);
 }
 
-/// The store's bound (the default) and retention in the second test: the
-/// storm brings several MiB a drain (its stacks are deep), so it fills the
-/// store in about 10 s. Root's part, 32 MiB, holds root's history on a
-/// machine that is not itself busy as root: builds running beside the test
-/// (rustc's waits, thousands of stacks a second) fill root's part on their
-/// own, and root's oldest go to root's own load, shares or not.
-const STORE_MB: &str = "64";
+/// The store's bound and retention in the second test: the storm brings
+/// thousands of deep stacks (their kernel parts vary) and ~0.6 MiB of
+/// entries a drain (6,400), so it fills 32 MiB within the retention by
+/// itself. Root's part, 16 MiB, holds root's history on a machine that is
+/// not itself busy as root: builds running beside the test (rustc's waits,
+/// thousands of stacks a second) fill root's part on their own, and root's
+/// oldest go to root's own load, shares or not. The other user's part is its
+/// own whatever root does.
+const STORE_MB: &str = "32";
 const RETENTION: u64 = 40;
 /// The storm: threads, each waiting 1 ms at a time in 100 stacks.
 const STORM_THREADS: &str = "64";
@@ -156,9 +158,8 @@ fn a_users_off_cpu_storm_leaves_roots_history_at_the_retention() {
     let daemon = Daemon::start(&[
         "--off-cpu",
         // One wait in 4: the storm's threads, each waiting ~225 times a
-        // drain, still bring all their stacks (6,400 entries a drain, the
-        // store full in about 20 s); the machine's own, sparser waits (root's
-        // part) come four times fewer.
+        // drain, still bring nearly all their stacks; the machine's own,
+        // sparser waits (root's part) come four times fewer.
         "--off-cpu-sample-every",
         "4",
         "--counts-map-entries",

@@ -37,18 +37,26 @@ impl Store {
             // Within its share: those over theirs give room back, the
             // furthest over first.
             let victims = self.over_share_owners(owner);
+            let anyone_over = !victims.is_empty();
             if victims
                 .into_iter()
                 .any(|victim| self.evict_oldest_of(victim, false))
             {
                 continue;
             }
-            // Nobody over their share (the shares overcommit the bound, or
-            // the drains' own overhead fills it): its own oldest first, then
-            // the oldest drain, as before shares.
+            // Its own oldest next.
             if self.evict_oldest_of(owner, true) {
                 continue;
             }
+            // Someone is over their share with nothing left to evict (its
+            // bytes are stacks others' entries still use): the oldest drain
+            // would take everyone's history for it. Refused instead.
+            if anyone_over {
+                return false;
+            }
+            // Nobody over their share (the shares overcommit the bound, or
+            // the drains' own overhead fills it): the oldest drain goes, as
+            // before shares.
             if self.buckets.len() <= 1 {
                 return false;
             }
