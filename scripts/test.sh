@@ -102,16 +102,27 @@ mapfile -t alone < <(
     done
 )
 
+# The daemon crate's own test files (profiler-daemon/tests/*.rs).
+mapfile -t daemon_files < <(
+    for file in profiler-daemon/tests/*.rs; do
+        name="$(basename "$file" .rs)"
+        as_args "$name"
+    done
+)
+
 say "tests, first phase: two lanes at once (${LANE_1[*]} | unit tests, ${LANE_2[*]}); logs in $logs"
 tests_at=$SECONDS
 lane_status=0
-tests "$logs/lane-1.log" -p profilerd-tests "${lane_1[@]}" &
+# Every cargo run selects the same packages (the workspace's default
+# members) and picks its files with --lib, --bins and --test: another
+# selection would unify features differently and rebuild, under the other
+# lane's feet, the binaries it runs.
+tests "$logs/lane-1.log" "${lane_1[@]}" &
 lane_1_pid=$!
 # Unit tests and the daemon crate's own test files, then the lane's files.
-tests "$logs/lane-2-a-units.log" -p profiler-common -p profiler-daemon --tests || lane_status=1
-tests "$logs/lane-2-b-units.log" -p profilerd-tests --lib --bins || lane_status=1
-tests "$logs/lane-2-c-doc.log" --doc || lane_status=1
-tests "$logs/lane-2-d.log" -p profilerd-tests "${lane_2[@]}" || lane_status=1
+tests "$logs/lane-2-a-units.log" --lib --bins "${daemon_files[@]}" || lane_status=1
+tests "$logs/lane-2-b-doc.log" --doc || lane_status=1
+tests "$logs/lane-2-c.log" "${lane_2[@]}" || lane_status=1
 wait "$lane_1_pid" || lane_status=1
 for log in "$logs"/lane-*.log; do
     cat "$log"
@@ -120,7 +131,7 @@ say "first phase done in $((SECONDS - tests_at)) s"
 
 say "tests, second phase: the files that measure CPU time, one at a time (log: $logs/alone.log)"
 alone_status=0
-tests "$logs/alone.log" -p profilerd-tests "${alone[@]}" &
+tests "$logs/alone.log" "${alone[@]}" &
 alone_pid=$!
 tail -n +1 -f "$logs/alone.log" --pid "$alone_pid" 2>/dev/null || true
 wait "$alone_pid" || alone_status=1

@@ -25,13 +25,23 @@ const FUZZ_VICTIM_FLAGS: &[&str] = &["-O2", "-g", "-fPIC", "-shared"];
 
 /// What the hostile-input tests run as the attacker (and the root-only binary
 /// they try to read): see tests/hostile_files.rs.
-const ATTACKS: &[&str] = &["lib_churn", "inode_collide", "many_mappings", "root_secret"];
+const ATTACKS: &[&str] = &[
+    "lib_churn",
+    "inode_collide",
+    "many_mappings",
+    "root_secret",
+    "storm",
+    "table_hog",
+];
 
 /// Functions in the attacker's large shared library: enough distinct code
 /// that its samples keep landing on addresses the daemon has not resolved yet.
 const LIBRARY_FUNCTIONS: usize = 3000;
 /// A non-symbol section that brings the library to the ~8 MB of the attack.
 const LIBRARY_PADDING: usize = 7 << 20;
+/// push/pop pairs in the hog library's one function: each instruction moves
+/// the CFA, so each is a row of its unwind table (~1.6 MB of rows).
+const HOG_PAIRS: usize = 100_000;
 
 const FLAGS: &[&str] = &[
     "-O0",
@@ -57,6 +67,11 @@ fn main() -> anyhow::Result<()> {
     let library = out.join("libbig.so");
     cc(&["-shared", "-fPIC"], &source, &library)?;
     export("big_library", &library);
+    let source = out.join("hog_library.s");
+    std::fs::write(&source, hog_library_source())?;
+    let library = out.join("libhog.so");
+    cc(&["-shared", "-fPIC"], &source, &library)?;
+    export("hog_library", &library);
     println!("cargo::rerun-if-changed=workloads/fuzz_victim.h");
     for (name, extra) in [("fuzz_victim", FUZZ_VICTIM_FLAGS), ("fuzz_loader", &[][..])] {
         let source = format!("workloads/{name}.c");
@@ -201,5 +216,18 @@ fn big_library_source() -> String {
     source.push_str(&format!(
         "__asm__(\".section .attacker_pad,\\\"\\\",@progbits\\n.fill {LIBRARY_PADDING},1,0x5a\\n.previous\");\n"
     ));
+    source
+}
+
+/// One function, `hog_spin`, of [`HOG_PAIRS`] push/pop pairs, each with its
+/// CFI: a small file with an enormous unwind table (issue 30).
+fn hog_library_source() -> String {
+    let mut source =
+        String::from(".text\n.globl hog_spin\n.type hog_spin,@function\nhog_spin:\n.cfi_startproc\n");
+    for _ in 0..HOG_PAIRS {
+        source.push_str("push %rbx\n.cfi_adjust_cfa_offset 8\npop %rbx\n.cfi_adjust_cfa_offset -8\n");
+    }
+    source
+        .push_str("ret\n.cfi_endproc\n.size hog_spin, .-hog_spin\n.section .note.GNU-stack,\"\",@progbits\n");
     source
 }

@@ -79,6 +79,12 @@ pub struct SamplingArgs {
     /// tables are evicted.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub unwind_table_memory_mb: u64,
+    /// The percentage of `--unwind-table-memory-mb` each non-root user's
+    /// tables keep when others need the room; root and the system services
+    /// keep the rest. A user may borrow beyond it while there is room nobody
+    /// else needs; past it, its tables evict only its own.
+    #[arg(long, default_value_t = crate::shares::DEFAULT_USER_SHARE_PERCENT, value_parser = clap::value_parser!(u64).range(0..=100))]
+    pub unwind_table_user_share_percent: u64,
     /// Off-CPU profiling: where threads wait (`?type=offcpu`, `wall`). Off
     /// by default: it costs a stack walk per context switch (see the README).
     #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
@@ -108,6 +114,12 @@ pub struct DaemonArgs {
     /// Upper bound of the sample store's memory, in MiB.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=65_536))]
     pub store_max_mb: u64,
+    /// The percentage of `--store-max-mb` each non-root user's samples keep
+    /// once the store is full; root and the system services keep the rest.
+    /// A user may borrow beyond it while the store has room; once full, the
+    /// oldest samples of whoever is over their share go first.
+    #[arg(long, default_value_t = crate::shares::DEFAULT_USER_SHARE_PERCENT, value_parser = clap::value_parser!(u64).range(0..=100))]
+    pub store_user_share_percent: u64,
     /// Members of this group (and root) see every process; any other local
     /// user sees only the processes they own.
     #[arg(long, default_value = crate::serve::access::DEFAULT_GROUP)]
@@ -272,6 +284,7 @@ impl SamplingArgs {
                 },
                 unwind: self.unwind,
                 unwind_table_bytes: self.unwind_table_memory_mb << 20,
+                unwind_table_user_share_percent: self.unwind_table_user_share_percent,
                 off_cpu: OffCpuOptions {
                     enabled: self.off_cpu,
                     sample_every: self.off_cpu_sample_every,

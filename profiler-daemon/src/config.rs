@@ -24,6 +24,7 @@ pub struct Config {
     pub listen: Option<ListenAddress>,
     pub retention_seconds: Option<u64>,
     pub store_max_mb: Option<u64>,
+    pub store_user_share_percent: Option<u64>,
     pub frequency: Option<u64>,
     pub drain_interval_ms: Option<u64>,
     pub counts_map_entries: Option<u64>,
@@ -34,6 +35,7 @@ pub struct Config {
     pub symbolizer_deadline_ms: Option<u64>,
     pub unwind: Option<crate::collect::UnwindMode>,
     pub unwind_table_memory_mb: Option<u64>,
+    pub unwind_table_user_share_percent: Option<u64>,
     pub off_cpu: Option<bool>,
     pub off_cpu_sample_every: Option<u64>,
     pub off_cpu_min_us: Option<u64>,
@@ -100,9 +102,10 @@ pub const OTHER_KEYS: [&str; 9] = [
 
 /// The accepted range of each numeric key: the same as its flag's (a test
 /// checks them against clap's).
-pub const RANGES: [(&str, RangeInclusive<u64>); 20] = [
+pub const RANGES: [(&str, RangeInclusive<u64>); 22] = [
     ("retention_seconds", 1..=86_400),
     ("store_max_mb", 1..=65_536),
+    ("store_user_share_percent", 0..=100),
     ("frequency", 1..=10_000),
     ("drain_interval_ms", 50..=60_000),
     ("counts_map_entries", 1..=1 << 22),
@@ -112,6 +115,7 @@ pub const RANGES: [(&str, RangeInclusive<u64>); 20] = [
     ("symbolizer_memory_mb", 64..=65_536),
     ("symbolizer_deadline_ms", 100..=600_000),
     ("unwind_table_memory_mb", 1..=4096),
+    ("unwind_table_user_share_percent", 0..=100),
     ("off_cpu_sample_every", 1..=1_000_000),
     ("off_cpu_min_us", 0..=10_000_000),
     ("http_max_connections", 1..=65_536),
@@ -180,10 +184,11 @@ impl Config {
         Self::parse(&text, &shown)
     }
 
-    fn numbers(&self) -> [(&'static str, Option<u64>); 20] {
+    fn numbers(&self) -> [(&'static str, Option<u64>); 22] {
         [
             ("retention_seconds", self.retention_seconds),
             ("store_max_mb", self.store_max_mb),
+            ("store_user_share_percent", self.store_user_share_percent),
             ("frequency", self.frequency),
             ("drain_interval_ms", self.drain_interval_ms),
             ("counts_map_entries", self.counts_map_entries),
@@ -193,6 +198,10 @@ impl Config {
             ("symbolizer_memory_mb", self.symbolizer_memory_mb),
             ("symbolizer_deadline_ms", self.symbolizer_deadline_ms),
             ("unwind_table_memory_mb", self.unwind_table_memory_mb),
+            (
+                "unwind_table_user_share_percent",
+                self.unwind_table_user_share_percent,
+            ),
             ("off_cpu_sample_every", self.off_cpu_sample_every),
             ("off_cpu_min_us", self.off_cpu_min_us),
             ("http_max_connections", self.http_max_connections),
@@ -229,6 +238,11 @@ impl Config {
             &mut args.store_max_mb,
             self.store_max_mb,
             from_file("store_max_mb"),
+        );
+        set(
+            &mut args.store_user_share_percent,
+            self.store_user_share_percent,
+            from_file("store_user_share_percent"),
         );
         set(&mut sampling.frequency, self.frequency, from_file("frequency"));
         set(
@@ -271,6 +285,11 @@ impl Config {
             &mut sampling.unwind_table_memory_mb,
             self.unwind_table_memory_mb,
             from_file("unwind_table_memory_mb"),
+        );
+        set(
+            &mut sampling.unwind_table_user_share_percent,
+            self.unwind_table_user_share_percent,
+            from_file("unwind_table_user_share_percent"),
         );
         set(&mut sampling.off_cpu, self.off_cpu, from_file("off_cpu"));
         set(
@@ -404,10 +423,10 @@ pub fn describe(args: &DaemonArgs) -> String {
     let s = &args.sampling;
     let h = &args.http;
     format!(
-        "listen = \"{}\"\nretention_seconds = {}\nstore_max_mb = {}\nfrequency = {}\ndrain_interval_ms = {}\n\
+        "listen = \"{}\"\nretention_seconds = {}\nstore_max_mb = {}\nstore_user_share_percent = {}\nfrequency = {}\ndrain_interval_ms = {}\n\
          counts_map_entries = {}\nuser_stack_map_entries = {}\nkernel_stack_map_entries = {}\n\
          max_open_files = {}\nsymbolizer_memory_mb = {}\nsymbolizer_deadline_ms = {}\n\
-         unwind = \"{}\"\nunwind_table_memory_mb = {}\n\
+         unwind = \"{}\"\nunwind_table_memory_mb = {}\nunwind_table_user_share_percent = {}\n\
          off_cpu = {}\noff_cpu_sample_every = {}\noff_cpu_min_us = {}\n\
          http_max_connections = {}\nhttp_header_timeout_ms = {}\nhttp_idle_timeout_seconds = {}\n\
          scrape_concurrency = {}\nscrape_queue = {}\nscrape_memory_mb = {}\nscrape_share_ms = {}\n\
@@ -416,6 +435,7 @@ pub fn describe(args: &DaemonArgs) -> String {
         args.listen,
         args.retention_seconds,
         args.store_max_mb,
+        args.store_user_share_percent,
         s.frequency,
         s.drain_interval_ms,
         s.counts_map_entries,
@@ -426,6 +446,7 @@ pub fn describe(args: &DaemonArgs) -> String {
         s.symbolizer_deadline_ms,
         s.unwind.name(),
         s.unwind_table_memory_mb,
+        s.unwind_table_user_share_percent,
         s.off_cpu,
         s.off_cpu_sample_every,
         s.off_cpu_min_us,

@@ -85,6 +85,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     let store = StoreConfig {
         retention,
         max_bytes: (args.store_max_mb as usize) << 20,
+        user_share_percent: args.store_user_share_percent,
     };
     let push = args.push.settings(retention).map_err(DaemonError::PushSettings)?;
     let options = args.sampling.pipeline_options(store);

@@ -30,6 +30,7 @@ pub mod profile;
 pub mod push;
 pub mod record;
 pub mod serve;
+pub mod shares;
 pub mod store;
 pub mod supervise;
 pub mod symbolize;

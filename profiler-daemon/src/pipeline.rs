@@ -176,7 +176,11 @@ impl Pipeline {
                     options.symbolizer.worker_memory_bytes,
                     options.symbolizer.worker_deadline,
                 );
-                let manager = TableManager::new(maps, WorkerClient::new(worker));
+                let manager = TableManager::new(
+                    maps,
+                    WorkerClient::new(worker),
+                    options.sampler.unwind_table_user_share_percent,
+                );
                 unwind_stats = Some(manager.stats());
                 // Bounded, and never waited on: a full queue drops (and
                 // counts) the input; those processes walk with frame pointers.

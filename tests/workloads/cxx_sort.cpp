@@ -1,7 +1,7 @@
 // No frame pointers anywhere (built -O2 -fomit-frame-pointer; libstdc++ and
 // libc have none either): main -> level_one -> level_two -> level_three,
 // whose time goes to std::sort with a comparator lambda over a large vector.
-// Usage: cxx_sort SECONDS
+// Usage: cxx_sort SECONDS [BUSY_MS PERIOD_MS]
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -39,7 +39,8 @@ extern "C" __attribute__((noinline, noclone)) uint64_t level_two(std::vector<uin
 }
 
 extern "C" __attribute__((noinline, noclone)) uint64_t level_one(double seconds) {
-    std::vector<uint32_t> v(1 << 20);
+    // Static: in bursts, only the first allocates (and zeroes 4 MB).
+    static std::vector<uint32_t> v(1 << 20);
     uint64_t seed = 1;
     double end = now_seconds() + seconds;
     while (now_seconds() < end)
@@ -48,8 +49,24 @@ extern "C" __attribute__((noinline, noclone)) uint64_t level_one(double seconds)
     return seed;
 }
 
+// With BUSY_MS and PERIOD_MS, it runs in bursts: busy BUSY_MS (all of it
+// under level_three), then idle until the period ends.
 int main(int argc, char **argv) {
     double seconds = argc > 1 ? atof(argv[1]) : 5;
+    if (argc > 3) {
+        double busy = atof(argv[2]) / 1000, period = atof(argv[3]) / 1000;
+        double end = now_seconds() + seconds;
+        while (now_seconds() < end) {
+            double started = now_seconds();
+            sink = level_one(busy);
+            double idle = period - (now_seconds() - started);
+            if (idle > 0) {
+                timespec pause = {static_cast<time_t>(idle), static_cast<long>((idle - static_cast<time_t>(idle)) * 1e9)};
+                nanosleep(&pause, nullptr);
+            }
+        }
+        return 0;
+    }
     uint64_t out = level_one(seconds);
     sink = out;
     return 0;

@@ -65,6 +65,9 @@ pub struct SamplerOptions {
     pub unwind: UnwindMode,
     /// Kernel memory for the unwind tables' rows (auto mode), bytes.
     pub unwind_table_bytes: u64,
+    /// The percentage of the unwind tables' memory each non-root user keeps
+    /// when others need room (see [`crate::shares`]).
+    pub unwind_table_user_share_percent: u64,
     pub off_cpu: OffCpuOptions,
 }
 

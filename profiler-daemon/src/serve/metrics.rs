@@ -10,6 +10,7 @@ mod exposition;
 mod isolation;
 mod push;
 mod scrapes;
+mod shares;
 mod tls;
 mod unwinding;
 
@@ -278,7 +279,7 @@ impl Collector for Snapshot {
         cgroups::encode(out, status.symbolizer.cgroups)?;
         isolation::encode(out, status, &self.open_files)?;
         unwinding::encode(out, bpf, self.unwind_tables.as_ref())?;
-        let store = self.store;
+        let store = &self.store;
         gauge(
             out,
             "store_bytes",
@@ -307,6 +308,15 @@ impl Collector for Snapshot {
                 ("expired", store.samples_expired),
                 ("evicted", store.samples_evicted),
             ],
+        )?;
+        shares::encode_losses(
+            out,
+            "store_losses",
+            "Samples an owner lost to the store's bound, by uid (\"privileged\": root and unknown owners) and reason: \
+             over_share (its oldest, while over its share of a full store), store_full (the oldest drain, nobody over \
+             their share), refused (no room left for it)",
+            &crate::store::LOSS_REASONS,
+            &store.losses.series(),
         )?;
         if let Some(snapshot) = &self.tls {
             tls::encode(out, snapshot)?;

@@ -8,10 +8,12 @@
 //! samples (their kinds differ), whose nanoseconds add up to its wall time.
 //! A window of drains is therefore exact: what a reader asks for between two
 //! drains is precisely what was sampled between them. Buckets older than the retention go, and so
-//! do the oldest ones whenever the approximate memory use passes the bound.
+//! do the oldest samples whenever the approximate memory use passes the
+//! bound: first those of whoever is over their share of it (see [`room`]).
 
 mod actor;
 mod query;
+mod room;
 mod stacks;
 
 use std::{collections::HashMap, collections::VecDeque, sync::Arc, time::Duration};
@@ -24,8 +26,10 @@ use crate::{
     collect::ReadableBy,
     kind::{ProfileType, SampleKind},
     profile::Profile,
+    shares::{DEFAULT_USER_SHARE_PERCENT, Owner, Shares},
     symbolize::{SymbolizedSample, SymbolizedStack},
 };
+pub use room::{LOSS_REASONS, StoreLosses};
 use stacks::{StackId, StackTable};
 
 /// Approximate bytes of one bucket entry (key, value and hash table overhead).
@@ -36,6 +40,9 @@ const BUCKET_BYTES: usize = 128;
 pub struct StoreConfig {
     pub retention: Duration,
     pub max_bytes: usize,
+    /// The percentage of `max_bytes` each non-root user keeps when the store
+    /// is full (`store_user_share_percent`).
+    pub user_share_percent: u64,
 }
 
 impl Default for StoreConfig {
@@ -43,12 +50,13 @@ impl Default for StoreConfig {
         Self {
             retention: Duration::from_secs(300),
             max_bytes: 64 << 20,
+            user_share_percent: DEFAULT_USER_SHARE_PERCENT,
         }
     }
 }
 
 /// Cumulative store counters and current sizes.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct StoreStats {
     pub samples_ingested: u64,
     /// Samples that aged out of the retention window.
@@ -58,6 +66,8 @@ pub struct StoreStats {
     pub bytes: usize,
     pub buckets: usize,
     pub stacks: usize,
+    /// Samples each owner lost to the bound, per reason ([`LOSS_REASONS`]).
+    pub losses: StoreLosses,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -73,6 +83,22 @@ struct EntryKey {
     ns_pid: Option<u32>,
 }
 
+impl EntryKey {
+    fn of(sample: &SymbolizedSample, stack: StackId) -> Self {
+        Self {
+            kind: sample.kind,
+            pid: sample.pid,
+            tid: sample.tid,
+            comm: sample.comm.clone(),
+            readable_by: sample.readable_by,
+            thread_name: sample.thread_name.clone(),
+            stack,
+            cgroup: sample.cgroup.clone(),
+            ns_pid: sample.ns_pid,
+        }
+    }
+}
+
 /// Samples (or waits) and nanoseconds, as the entry's kind counts them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct Totals {
@@ -83,6 +109,18 @@ struct Totals {
 struct Bucket {
     time_ms: u64,
     entries: HashMap<EntryKey, Totals>,
+    /// Entries per owner, to find an owner's oldest without a scan.
+    owners: HashMap<Owner, usize>,
+}
+
+impl Bucket {
+    fn new(time_ms: u64) -> Self {
+        Self {
+            time_ms,
+            entries: HashMap::new(),
+            owners: HashMap::new(),
+        }
+    }
 }
 
 pub struct Store {
@@ -91,6 +129,9 @@ pub struct Store {
     buckets: VecDeque<Bucket>,
     stacks: StackTable,
     entry_count: usize,
+    shares: Shares,
+    /// Bytes charged to each owner: its entries and the stacks it brought in.
+    owner_bytes: HashMap<Owner, usize>,
     stats: StoreStats,
 }
 
@@ -102,6 +143,8 @@ impl Store {
             buckets: VecDeque::new(),
             stacks: StackTable::default(),
             entry_count: 0,
+            shares: Shares::new(config.max_bytes as u64, config.user_share_percent),
+            owner_bytes: HashMap::new(),
             stats: StoreStats::default(),
         }
     }
@@ -116,40 +159,62 @@ impl Store {
         self.expire(time_ms);
         // Drains arrive in time order; a clock step back lands in the newest bucket.
         if self.buckets.back().is_none_or(|bucket| bucket.time_ms < time_ms) {
-            self.buckets.push_back(Bucket {
-                time_ms,
-                entries: HashMap::new(),
-            });
+            self.buckets.push_back(Bucket::new(time_ms));
         }
+        // Each distinct stack Arc of the batch is looked up by content once;
+        // an id cached here may have been freed (and reused) by an eviction
+        // since, hence the check. The batch holds no reference of its own: a
+        // storm's stacks must not stay pinned while its entries are evicted.
         let mut batch_ids: HashMap<*const SymbolizedStack, StackId> = HashMap::new();
         for sample in samples {
             self.stats.samples_ingested += sample.count;
-            let key_stack = *batch_ids.entry(Arc::as_ptr(&sample.stack)).or_insert_with(|| {
-                // This reference is the batch's own, released at the end of the call.
-                self.stacks.acquire(&sample.stack).0
-            });
-            let key = EntryKey {
-                kind: sample.kind,
-                pid: sample.pid,
-                tid: sample.tid,
-                comm: sample.comm.clone(),
-                readable_by: sample.readable_by,
-                thread_name: sample.thread_name.clone(),
-                stack: key_stack,
-                cgroup: sample.cgroup.clone(),
-                ns_pid: sample.ns_pid,
+            let owner = Owner::of(sample.readable_by);
+            let pointer = Arc::as_ptr(&sample.stack);
+            let known = batch_ids
+                .get(&pointer)
+                .copied()
+                .filter(|&id| {
+                    self.stacks
+                        .get(id)
+                        .is_some_and(|stack| Arc::ptr_eq(stack, &sample.stack) || **stack == *sample.stack)
+                })
+                .or_else(|| self.stacks.id_of(&sample.stack));
+            let stored = match known {
+                Some(id) => {
+                    batch_ids.insert(pointer, id);
+                    let key = EntryKey::of(sample, id);
+                    let bucket = self.buckets.back_mut().expect("a bucket was pushed above");
+                    if let Some(totals) = bucket.entries.get_mut(&key) {
+                        totals.count += sample.count;
+                        totals.ns += sample.ns;
+                        continue;
+                    }
+                    // The new entry's reference, taken first: making room
+                    // must not free the stack under it.
+                    self.stacks.add_ref(id);
+                    let room = self.make_room(owner, ENTRY_BYTES);
+                    if !room {
+                        self.release_stack(id);
+                    }
+                    room.then_some(key)
+                }
+                None => {
+                    let bytes = sample.stack.approx_bytes();
+                    self.make_room(owner, ENTRY_BYTES + bytes).then(|| {
+                        let (id, new) = self.stacks.acquire(&sample.stack, owner);
+                        if new {
+                            self.charge(owner, bytes);
+                        }
+                        batch_ids.insert(pointer, id);
+                        EntryKey::of(sample, id)
+                    })
+                }
             };
-            let bucket = self.buckets.back_mut().expect("a bucket was pushed above");
-            if let Some(totals) = bucket.entries.get_mut(&key) {
-                totals.count += sample.count;
-                totals.ns += sample.ns;
-                continue;
-            }
-            if !self.make_room(ENTRY_BYTES) {
+            let Some(key) = stored else {
                 self.stats.samples_evicted += sample.count;
+                self.stats.losses.add(owner, room::REFUSED, sample.count);
                 continue;
-            }
-            self.stacks.add_ref(key_stack);
+            };
             let bucket = self
                 .buckets
                 .back_mut()
@@ -161,11 +226,9 @@ impl Store {
                     ns: sample.ns,
                 },
             );
+            *bucket.owners.entry(owner).or_default() += 1;
             self.entry_count += 1;
-        }
-        // Drop the batch's own references; stacks no entry kept are freed.
-        for id in batch_ids.into_values() {
-            self.stacks.release(id);
+            self.charge(owner, ENTRY_BYTES);
         }
         self.refresh_stats();
     }
@@ -180,7 +243,7 @@ impl Store {
             .front()
             .is_some_and(|bucket| bucket.time_ms <= oldest_kept)
         {
-            let count = self.pop_oldest();
+            let count = self.pop_oldest(None);
             self.stats.samples_expired += count;
         }
         self.refresh_stats();
@@ -302,37 +365,11 @@ impl Store {
     }
 
     pub fn stats(&self) -> StoreStats {
-        self.stats
+        self.stats.clone()
     }
 
     fn bytes(&self) -> usize {
         self.entry_count * ENTRY_BYTES + self.buckets.len() * BUCKET_BYTES + self.stacks.bytes()
-    }
-
-    /// Evicts the oldest buckets (never the newest) until `extra` more bytes
-    /// fit; false if they cannot.
-    fn make_room(&mut self, extra: usize) -> bool {
-        while self.bytes() + extra > self.config.max_bytes {
-            if self.buckets.len() <= 1 {
-                return false;
-            }
-            let count = self.pop_oldest();
-            self.stats.samples_evicted += count;
-        }
-        true
-    }
-
-    fn pop_oldest(&mut self) -> u64 {
-        let Some(bucket) = self.buckets.pop_front() else {
-            return 0;
-        };
-        let mut count = 0;
-        self.entry_count -= bucket.entries.len();
-        for (key, value) in bucket.entries {
-            count += value.count;
-            self.stacks.release(key.stack);
-        }
-        count
     }
 
     fn refresh_stats(&mut self) {
@@ -342,5 +379,7 @@ impl Store {
     }
 }
 
+#[cfg(test)]
+mod share_tests;
 #[cfg(test)]
 mod tests;

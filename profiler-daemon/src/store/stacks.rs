@@ -3,13 +3,16 @@
 
 use std::{collections::HashMap, sync::Arc};
 
-use crate::symbolize::SymbolizedStack;
+use crate::{shares::Owner, symbolize::SymbolizedStack};
 
 pub type StackId = u32;
 
 struct Slot {
     stack: Arc<SymbolizedStack>,
     refs: u32,
+    /// Whose share its bytes are charged to: whoever brought it in (a stack
+    /// someone else's entries share costs its first owner nothing more).
+    owner: Owner,
 }
 
 #[derive(Default)]
@@ -22,8 +25,8 @@ pub struct StackTable {
 
 impl StackTable {
     /// Returns the stack's id and adds a reference; the bool is true when the
-    /// stack is new to the table.
-    pub fn acquire(&mut self, stack: &Arc<SymbolizedStack>) -> (StackId, bool) {
+    /// stack is new to the table (and then charged to `owner`).
+    pub fn acquire(&mut self, stack: &Arc<SymbolizedStack>, owner: Owner) -> (StackId, bool) {
         if let Some(&id) = self.ids.get(stack) {
             if let Some(slot) = &mut self.slots[id as usize] {
                 slot.refs += 1;
@@ -33,6 +36,7 @@ impl StackTable {
         let slot = Slot {
             stack: stack.clone(),
             refs: 1,
+            owner,
         };
         let id = match self.free.pop() {
             Some(id) => {
@@ -49,23 +53,31 @@ impl StackTable {
         (id, true)
     }
 
+    /// The id of a stack of this content, if the table holds one.
+    pub fn id_of(&self, stack: &Arc<SymbolizedStack>) -> Option<StackId> {
+        self.ids.get(stack).copied()
+    }
+
     pub fn add_ref(&mut self, id: StackId) {
         if let Some(Some(slot)) = self.slots.get_mut(id as usize) {
             slot.refs += 1;
         }
     }
 
-    pub fn release(&mut self, id: StackId) {
-        let Some(Some(slot)) = self.slots.get_mut(id as usize) else {
-            return;
-        };
+    /// Drops a reference; a stack freed by it returns whom it was charged
+    /// to and its bytes.
+    pub fn release(&mut self, id: StackId) -> Option<(Owner, usize)> {
+        let slot = self.slots.get_mut(id as usize)?.as_mut()?;
         slot.refs -= 1;
-        if slot.refs == 0 {
-            let slot = self.slots[id as usize].take().expect("slot checked above");
-            self.ids.remove(&slot.stack);
-            self.bytes -= slot.stack.approx_bytes();
-            self.free.push(id);
+        if slot.refs > 0 {
+            return None;
         }
+        let slot = self.slots[id as usize].take()?;
+        self.ids.remove(&slot.stack);
+        let bytes = slot.stack.approx_bytes();
+        self.bytes -= bytes;
+        self.free.push(id);
+        Some((slot.owner, bytes))
     }
 
     pub fn get(&self, id: StackId) -> Option<&Arc<SymbolizedStack>> {

@@ -3,7 +3,7 @@ use std::{sync::Arc, time::Duration};
 use super::*;
 use crate::symbolize::{FrameKind, Function, Line, Location, SymbolizedSample, SymbolizedStack};
 
-fn stack(names: &[&str]) -> Arc<SymbolizedStack> {
+pub(super) fn stack(names: &[&str]) -> Arc<SymbolizedStack> {
     Arc::new(SymbolizedStack {
         locations: names
             .iter()
@@ -25,7 +25,13 @@ fn stack(names: &[&str]) -> Arc<SymbolizedStack> {
     })
 }
 
-fn sample(pid: u32, tid: u32, comm: &str, stack: &Arc<SymbolizedStack>, count: u64) -> SymbolizedSample {
+pub(super) fn sample(
+    pid: u32,
+    tid: u32,
+    comm: &str,
+    stack: &Arc<SymbolizedStack>,
+    count: u64,
+) -> SymbolizedSample {
     SymbolizedSample {
         pid,
         tid,
@@ -46,12 +52,13 @@ fn store(retention_secs: u64, max_bytes: usize) -> Store {
         StoreConfig {
             retention: Duration::from_secs(retention_secs),
             max_bytes,
+            ..StoreConfig::default()
         },
         99,
     )
 }
 
-fn all(filter: Filter) -> Query {
+pub(super) fn all(filter: Filter) -> Query {
     Query {
         window: Window::ALL,
         filter,

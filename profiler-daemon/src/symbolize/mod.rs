@@ -8,6 +8,7 @@ mod demangle;
 mod processes;
 mod resolver;
 mod stack;
+mod turns;
 pub mod worker;
 
 use std::{collections::HashMap, sync::Arc};
@@ -19,6 +20,7 @@ pub use stack::{FrameKind, Function, Line, Location, Mapping, SymbolizedSample, 
 use crate::{
     cgroup::{CgroupResolver, CgroupStats},
     collect::{OpenFiles, ProcessNotice, ProcessSnapshot, RawBatch, ReadableBy, SnapshotReader},
+    shares::Owner,
 };
 use processes::{ProcessEntry, ProcessTable};
 use resolver::Resolver;
@@ -215,6 +217,7 @@ impl Symbolizer {
         else {
             return true;
         };
+        let owner = Owner::of(process.readable_by);
         let mut all_mapped = true;
         for (index, &ip) in stack.iter().enumerate() {
             let address = return_adjusted(ip, index > 0 || after_kernel);
@@ -222,7 +225,7 @@ impl Symbolizer {
                 Some(mapping) => {
                     if let Some(file) = &mapping.file {
                         self.resolver
-                            .want_user(file, address - mapping.start + mapping.offset);
+                            .want_user(file, address - mapping.start + mapping.offset, owner);
                     }
                 }
                 None => all_mapped = false,

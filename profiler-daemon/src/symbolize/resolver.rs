@@ -12,6 +12,7 @@ use std::{
 
 use crate::collect::{FileKey, FileVersion, MappedFile};
 use crate::error::Chain;
+use crate::shares::Owner;
 
 use blazesym::symbolize::{
     Input, Symbolized, Symbolizer as Blaze,
@@ -75,7 +76,11 @@ pub struct Resolver {
     /// The file itself, not a descriptor number: holding it keeps the file
     /// open until the batch is resolved, even if the mapping that wanted it
     /// is replaced meanwhile.
-    pending_user: HashMap<FileKey, (Arc<MappedFile>, Vec<u64>)>,
+    /// Each file's offsets wanted, and whose turn it is served in (root's
+    /// if any privileged process wants it).
+    pending_user: HashMap<FileKey, (Arc<MappedFile>, Vec<u64>, Owner)>,
+    /// Batches resolved: rotates which user's files go first.
+    batches: usize,
     /// Files whose resolution failed, and how often: retried a few times (a
     /// failure may be transient), then their addresses stay unresolved.
     failed_files: HashMap<FileKey, u32>,
@@ -96,6 +101,7 @@ impl Resolver {
             user_entries: 0,
             kernel: HashMap::new(),
             pending_user: HashMap::new(),
+            batches: 0,
             pending_kernel: Vec::new(),
             failed_files: HashMap::new(),
             functions: HashSet::new(),
@@ -104,8 +110,9 @@ impl Resolver {
         }
     }
 
-    /// Notes that `file_offset` in `file` will be needed by [`Self::user`].
-    pub fn want_user(&mut self, file: &Arc<MappedFile>, file_offset: u64) {
+    /// Notes that `file_offset` in `file` will be needed by [`Self::user`],
+    /// for a process of `owner`.
+    pub fn want_user(&mut self, file: &Arc<MappedFile>, file_offset: u64, owner: Owner) {
         if self
             .user
             .get(&file.key)
@@ -115,11 +122,12 @@ impl Resolver {
             return;
         }
         self.stats.cache_misses += 1;
-        self.pending_user
+        let pending = self
+            .pending_user
             .entry(file.key)
-            .or_insert_with(|| (file.clone(), Vec::new()))
-            .1
-            .push(file_offset);
+            .or_insert_with(|| (file.clone(), Vec::new(), owner));
+        pending.1.push(file_offset);
+        pending.2 = pending.2.min(owner);
     }
 
     pub fn want_kernel(&mut self, address: u64) {
@@ -145,7 +153,12 @@ impl Resolver {
             self.functions.clear();
         }
         let budget_end = Instant::now() + self.batch_budget;
-        for (key, (file, mut offsets)) in std::mem::take(&mut self.pending_user) {
+        let pending = std::mem::take(&mut self.pending_user)
+            .into_iter()
+            .map(|(key, (file, offsets, owner))| (owner, (key, file, offsets)))
+            .collect();
+        self.batches = self.batches.wrapping_add(1);
+        for (key, file, mut offsets) in super::turns::in_turns(pending, self.batches) {
             offsets.sort_unstable();
             offsets.dedup();
             if Instant::now() >= budget_end {

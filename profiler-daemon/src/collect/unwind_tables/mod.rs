@@ -6,10 +6,13 @@
 //! table and load bias.
 //!
 //! Kernel memory is bounded by the rows map's size; when a table does not
-//! fit, the tables of the least recently sampled files are evicted. A process
+//! fit, the tables of the least recently sampled files are evicted, among
+//! those the placing process's owner may evict: its own, and those of
+//! owners over their share ([`charges`]). A process
 //! whose tables are not loaded (yet, or any more) is still walked, with
 //! frame pointers.
 
+mod charges;
 mod placement;
 mod process_entry;
 mod space;
@@ -25,7 +28,11 @@ use std::{
 use profiler_common::{UNWIND_ROWS_PER_CHUNK, UnwindRow, UnwindTableRange, maps};
 
 use super::{FileKey, FileVersion, MappedFile, ProcessSnapshot, UnwindMaps};
-use crate::error::Chain;
+use crate::{
+    error::Chain,
+    shares::{Owner, Shares},
+};
+pub use charges::{LOSS_REASONS, TableLosses};
 pub use process_entry::{LoadSegment, load_bias};
 use space::RowSpace;
 pub use stats::UnwindStats;
@@ -107,6 +114,8 @@ pub struct TableManager<C> {
     maps: UnwindMaps,
     compiler: C,
     space: RowSpace,
+    /// Each owner's share of the rows map, in chunks.
+    shares: Shares,
     files: HashMap<FileId, FileTable>,
     free_ids: Vec<u32>,
     next_id: u32,
@@ -117,7 +126,8 @@ pub struct TableManager<C> {
 }
 
 impl<C: TableCompiler> TableManager<C> {
-    pub fn new(maps: UnwindMaps, compiler: C) -> Self {
+    /// `user_share_percent`: each non-root user's share of the rows map.
+    pub fn new(maps: UnwindMaps, compiler: C, user_share_percent: u64) -> Self {
         let chunks = maps.rows.len();
         let stats = Arc::new(UnwindStats::default());
         stats.chunks_total.store(u64::from(chunks), Ordering::Relaxed);
@@ -125,6 +135,7 @@ impl<C: TableCompiler> TableManager<C> {
             maps,
             compiler,
             space: RowSpace::new(chunks),
+            shares: Shares::new(u64::from(chunks), user_share_percent),
             files: HashMap::new(),
             free_ids: Vec::new(),
             next_id: 1,
@@ -293,6 +304,7 @@ impl<C: TableCompiler> TableManager<C> {
         };
         process.pending = false;
         let instance = process.instance;
+        let owner = Owner::of(process.snapshot.readable_by);
         let process_samples = process.samples as f64;
         let mappings = process.snapshot.mappings.clone();
         let mut protected = HashSet::new();
@@ -311,7 +323,7 @@ impl<C: TableCompiler> TableManager<C> {
             if needs_load {
                 // A new file has no usage yet: its process's samples stand in.
                 let worth = self.usage_of(&id).max(process_samples);
-                self.load_file(id, file, &mapping.path, &protected, worth);
+                self.load_file(id, file, &mapping.path, &protected, worth, owner);
             }
         }
         // The process may have exec'd meanwhile: only write what is current.
@@ -341,6 +353,7 @@ impl<C: TableCompiler> TableManager<C> {
         path: &Arc<str>,
         protected: &HashSet<FileId>,
         worth: f64,
+        owner: Owner,
     ) {
         self.stats.compiles.fetch_add(1, Ordering::Relaxed);
         let compiled = self.compiler.compile(file);
@@ -349,7 +362,7 @@ impl<C: TableCompiler> TableManager<C> {
                 self.stats
                     .compile_ns
                     .fetch_add(compiled.compile_time.as_nanos() as u64, Ordering::Relaxed);
-                let state = self.place(&compiled.rows, protected, path, worth);
+                let state = self.place(&compiled.rows, protected, path, worth, owner);
                 if matches!(state, TableState::Loaded { .. }) {
                     // Until its own samples are counted, a table is worth
                     // what got it loaded: a newcomer as useful cannot evict it.

@@ -1,12 +1,23 @@
 //! Where tables go in the rows map: free chunks first, then room made by
-//! evicting the least useful tables.
+//! evicting tables the placing owner may evict (see [`super::charges`]),
+//! the least useful first.
 
-use std::{collections::HashSet, sync::atomic::Ordering, time::Instant};
+use std::{
+    collections::{HashMap, HashSet},
+    sync::atomic::Ordering,
+    time::Instant,
+};
 
 use profiler_common::{UNWIND_ROWS_PER_CHUNK, UnwindRow, UnwindRowChunk, UnwindTableRange, maps};
 
-use super::{FileId, TableCompiler, TableManager, TableState};
-use crate::error::Chain;
+use super::{
+    FileId, TableCompiler, TableManager, TableState,
+    charges::{self, Charges},
+};
+use crate::{error::Chain, shares::Owner};
+
+/// Each file's owners (sorted, deduplicated): whose tracked processes map it.
+type FileOwners = HashMap<FileId, Vec<Owner>>;
 
 impl<C: TableCompiler> TableManager<C> {
     pub(super) fn allocate_id(&mut self) -> Option<u32> {
@@ -23,14 +34,15 @@ impl<C: TableCompiler> TableManager<C> {
         })
     }
 
-    /// Writes `rows` into free chunks, evicting the least useful tables
-    /// (less useful than `worth`, not in `protected`) until they fit.
+    /// Writes `rows` into free chunks, evicting tables `placing` may evict
+    /// (not in `protected`; see [`super::charges`]) until they fit.
     pub(super) fn place(
         &mut self,
         rows: &[UnwindRow],
         protected: &HashSet<FileId>,
         path: &str,
         worth: f64,
+        placing: Owner,
     ) -> TableState {
         let chunks = rows.len().div_ceil(UNWIND_ROWS_PER_CHUNK);
         let (Ok(chunks), Ok(row_count)) = (u32::try_from(chunks), u32::try_from(rows.len())) else {
@@ -49,12 +61,17 @@ impl<C: TableCompiler> TableManager<C> {
             );
             return TableState::Unavailable;
         }
+        // Who is charged what is only worked out when room must be made.
+        let mut charged: Option<(Charges, FileOwners)> = None;
         let first_chunk = loop {
             if let Some(first) = self.space.allocate(chunks) {
                 break first;
             }
-            if !self.evict_one(protected, worth) {
-                // Everything loaded is more useful: try again later.
+            let (charges, owners) = charged.get_or_insert_with(|| self.charges(placing, chunks));
+            if !self.evict_one(protected, worth, charges, owners) {
+                // Nothing it may evict (all more useful, or others' within
+                // their shares): try again later.
+                self.stats.lose(&[placing], charges::REFUSED);
                 return TableState::Evicted { at: Instant::now() };
             }
         };
@@ -90,33 +107,85 @@ impl<C: TableCompiler> TableManager<C> {
         }
     }
 
-    /// Evicts the least useful loaded table outside `protected`, if it is
-    /// less useful than `worth`.
-    fn evict_one(&mut self, protected: &HashSet<FileId>, worth: f64) -> bool {
-        let victim = self
+    /// Each file's owners, and the chunks of loaded tables charged to each
+    /// owner, as `placing` is about to place `need` chunks. Walks every
+    /// tracked mapping: done only when a placement finds no free room,
+    /// which costs a compile anyway.
+    fn charges(&self, placing: Owner, need: u32) -> (Charges, FileOwners) {
+        let mut owners: FileOwners = HashMap::new();
+        for process in self.processes.values() {
+            let owner = Owner::of(process.snapshot.readable_by);
+            for file in process.snapshot.mappings.iter().filter_map(|m| m.file.as_ref()) {
+                let id = FileId {
+                    key: file.key,
+                    version: file.version,
+                };
+                let file_owners = owners.entry(id).or_default();
+                if !file_owners.contains(&owner) {
+                    file_owners.push(owner);
+                }
+            }
+        }
+        let mut used: HashMap<Owner, u64> = HashMap::new();
+        for (id, table) in &self.files {
+            let TableState::Loaded { chunks, .. } = table.state else {
+                continue;
+            };
+            for owner in owners.get(id).into_iter().flatten() {
+                *used.entry(*owner).or_default() += u64::from(chunks);
+            }
+        }
+        for file_owners in owners.values_mut() {
+            file_owners.sort_unstable();
+        }
+        let charges = Charges::new(self.shares, used, placing, u64::from(need));
+        (charges, owners)
+    }
+
+    /// Evicts the loaded table outside `protected` that [`charges::choose`]
+    /// picks for a newcomer worth `worth`; false if there is none.
+    fn evict_one(
+        &mut self,
+        protected: &HashSet<FileId>,
+        worth: f64,
+        charges: &mut Charges,
+        owners: &FileOwners,
+    ) -> bool {
+        let unowned: &[Owner] = &[];
+        let candidates = self
             .files
             .iter()
             .filter(|(id, table)| {
                 matches!(table.state, TableState::Loaded { .. }) && !protected.contains(*id)
             })
-            .map(|(id, _)| (*id, self.usage_of(id)))
-            .min_by(|a, b| a.1.total_cmp(&b.1));
-        // Twice as useful, not merely more: tables of about equal use must
-        // not take turns evicting each other.
-        let Some((victim, victim_usage)) = victim.filter(|(_, usage)| usage * 2.0 < worth) else {
+            .map(|(id, _)| {
+                let table_owners = owners.get(id).map_or(unowned, Vec::as_slice);
+                (*id, charges.verdict(table_owners), self.usage_of(id))
+            });
+        let Some((victim, reason)) = charges::choose(candidates, worth) else {
             return false;
         };
-        tracing::trace!(victim_usage, worth, "evicting an unwind table");
         let Some(table) = self.files.get_mut(&victim) else {
             return false;
         };
+        let victim_owners = owners.get(&victim).map_or(unowned, Vec::as_slice);
+        if let TableState::Loaded { chunks, .. } = table.state {
+            charges.evicted(victim_owners, u64::from(chunks));
+        }
+        self.stats.lose(victim_owners, reason);
         // The sampler stops using the rows before they are reused.
         if let Err(err) = self.maps.tables.set(table.id, &UnwindTableRange::default(), 0) {
             self.stats.map_errors.fetch_add(1, Ordering::Relaxed);
             tracing::warn!("clearing {}: {}", maps::UNWIND_TABLES, Chain(&err));
         }
         let state = std::mem::replace(&mut table.state, TableState::Evicted { at: Instant::now() });
-        tracing::debug!(path = %table.path, "unwind table evicted");
+        tracing::debug!(
+            path = %table.path,
+            reason = charges::LOSS_REASONS.get(reason).copied().unwrap_or("?"),
+            placing = ?charges.placing(),
+            worth,
+            "unwind table evicted"
+        );
         self.release(&state);
         self.stats.evictions.fetch_add(1, Ordering::Relaxed);
         true

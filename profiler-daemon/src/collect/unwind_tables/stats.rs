@@ -1,8 +1,14 @@
 //! What the table manager reports to /metrics.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{
+    Mutex,
+    atomic::{AtomicU64, Ordering},
+};
 
 use profiler_common::UnwindRowChunk;
+
+use super::charges::TableLosses;
+use crate::shares::Owner;
 
 /// Counters and gauges for /metrics.
 #[derive(Debug, Default)]
@@ -22,11 +28,33 @@ pub struct UnwindStats {
     /// frame-pointer stacks until their next snapshot).
     pub inputs_dropped: AtomicU64,
     pub map_errors: AtomicU64,
+    /// Tables each owner lost, per reason ([`super::charges::LOSS_REASONS`]).
+    /// Locked only to add a count or copy them out, never across anything else.
+    pub losses: Mutex<TableLosses>,
 }
 
 impl UnwindStats {
     pub fn bytes_used(&self) -> u64 {
         self.chunks_used.load(Ordering::Relaxed) * size_of::<UnwindRowChunk>() as u64
+    }
+
+    /// Counts a table lost for `reason` by each of `owners`.
+    pub fn lose(&self, owners: &[Owner], reason: usize) {
+        // A poisoned lock only means a panic elsewhere mid-count: the counts stand.
+        let mut losses = self
+            .losses
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        for &owner in owners {
+            losses.add(owner, reason, 1);
+        }
+    }
+
+    pub fn losses(&self) -> TableLosses {
+        self.losses
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
     }
 
     pub fn bytes_max(&self) -> u64 {

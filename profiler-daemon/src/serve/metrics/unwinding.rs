@@ -7,11 +7,14 @@ use std::{fmt, sync::atomic::Ordering::Relaxed};
 use profiler_common::Counter as BpfCounter;
 use prometheus_client::encoding::DescriptorEncoder;
 
-use super::{counter, float_counter, gauge, labelled_counters};
-use crate::collect::{BpfCounters, unwind_tables::UnwindStats};
+use super::{counter, float_counter, gauge, labelled_counters, shares::encode_losses};
+use crate::collect::{
+    BpfCounters,
+    unwind_tables::{LOSS_REASONS, UnwindStats},
+};
 
 /// The table manager's numbers at scrape time.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct TablesSnapshot {
     loaded: u64,
     failures: u64,
@@ -25,6 +28,8 @@ pub struct TablesSnapshot {
     processes: u64,
     inputs_dropped: u64,
     map_errors: u64,
+    /// (uid label, reason, count): see [`LOSS_REASONS`].
+    losses: Vec<(String, usize, u64)>,
 }
 
 impl TablesSnapshot {
@@ -42,6 +47,7 @@ impl TablesSnapshot {
             processes: stats.processes.load(Relaxed),
             inputs_dropped: stats.inputs_dropped.load(Relaxed),
             map_errors: stats.map_errors.load(Relaxed),
+            losses: stats.losses().series(),
         }
     }
 }
@@ -153,5 +159,14 @@ pub fn encode(
         "unwind_map_errors",
         "Failed writes to the unwind maps",
         tables.map_errors,
+    )?;
+    encode_losses(
+        out,
+        "unwind_table_losses",
+        "Unwind tables an owner lost, by uid (\"privileged\": root and unknown owners) and reason: evicted_own (by a \
+         more useful table of the same owner), reclaimed (its owner was over its share: someone within theirs took \
+         the room), refused (no room it may take: its own tables are more useful, everyone else's within their share)",
+        &LOSS_REASONS,
+        &tables.losses,
     )
 }
