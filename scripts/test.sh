@@ -6,8 +6,8 @@
 # the end lists each check and test file with its result and time.
 #
 # Order, on a 2-CPU machine:
-# - the cached fixtures (Parca, a Debian rootfs) build in the background
-#   while fmt, clippy and the build run;
+# - the cached fixtures (Parca, a Debian rootfs) and the fault-injection
+#   daemon build in the background while fmt, clippy and the build run;
 # - the test files that measure no CPU share run in two lanes at once
 #   (every file that runs programs as the unprivileged test user stays in
 #   one lane: some change what that user may see);
@@ -45,11 +45,17 @@ check() {
     fi
 }
 
-# The fixtures' builder is a small test binary (no daemon in it).
-say "building the cached fixtures in the background (minutes on a fresh machine, a second after; log: $logs/fixtures.log)"
+# The fixtures' builder is a small test binary (no daemon in it). The
+# daemon with the fault-injection hook (tests/supervision.rs) builds in a
+# target directory of its own, by the command tests/src/faulty.rs runs, which
+# then finds it up to date.
+say "building the cached fixtures and the fault-injection daemon in the background (minutes on a fresh machine, seconds after; log: $logs/fixtures.log)"
 cargo test --release -p profilerd-tests --test fixtures --no-run
 fixtures_at=$SECONDS
-cargo test --release -p profilerd-tests --test fixtures -- --ignored --nocapture >"$logs/fixtures.log" 2>&1 &
+{
+    cargo test --release -p profilerd-tests --test fixtures -- --ignored --nocapture &&
+        cargo build --release -p profiler-daemon --features fault-injection --target-dir target/fault-injection
+} >"$logs/fixtures.log" 2>&1 &
 fixtures_pid=$!
 
 check "cargo fmt --check" cargo fmt --all -- --check
@@ -73,7 +79,7 @@ check "build" cargo build --release --all-targets
 
 say "waiting for the cached fixtures"
 if wait "$fixtures_pid"; then
-    results+=("$(printf 'ok      %6d s  %s' $((SECONDS - fixtures_at)) "cached fixtures (Parca, Debian rootfs), in the background")")
+    results+=("$(printf 'ok      %6d s  %s' $((SECONDS - fixtures_at)) "cached fixtures (Parca, Debian rootfs) and the fault-injection daemon, in the background")")
 else
     results+=("$(printf 'FAILED  %6d s  %s' $((SECONDS - fixtures_at)) "cached fixtures (see $logs/fixtures.log)")")
     failed=1

@@ -203,12 +203,23 @@ impl Parca {
         format!("127.0.0.1:{}", self.port)
     }
 
+    /// Asks Parca; "not found" is asked again for up to 15 s, since what
+    /// Parca accepted becomes queryable a moment later (later still on a
+    /// busy machine).
     fn query(&self, args: &[&str]) -> serde_json::Value {
-        let output = Command::new(query_tool())
-            .args(["-addr", &self.addr()])
-            .args(args)
-            .output()
-            .expect("running parca_query");
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let output = loop {
+            let output = Command::new(query_tool())
+                .args(["-addr", &self.addr()])
+                .args(args)
+                .output()
+                .expect("running parca_query");
+            let not_found = String::from_utf8_lossy(&output.stderr).contains("code = NotFound");
+            if output.status.success() || !not_found || Instant::now() >= deadline {
+                break output;
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        };
         assert!(
             output.status.success(),
             "parca_query {args:?} failed: {}\nParca's log:\n{}",
