@@ -13,7 +13,7 @@ cd "$root"
 if [ -x target/release/profilerd ]; then
     say "building profilerd (changes only)"
 else
-    say "building profilerd: ~300 crates and the BPF program, about 4 min on 2 CPUs the first time"
+    say "building profilerd: ~300 crates and the BPF program, about 5 min on 2 CPUs the first time"
 fi
 at=$SECONDS
 cargo build --release -p profiler-daemon
