@@ -5,6 +5,8 @@
 //! contract between `profiler-ebpf` and `profiler-daemon`.
 #![no_std]
 
+pub mod python;
+
 /// Length of a task's `comm` as the kernel stores it (TASK_COMM_LEN).
 pub const COMM_LEN: usize = 16;
 
@@ -253,10 +255,18 @@ pub enum Counter {
     OffCpuWaitsMapFull,
     /// The next task's pid could not be read: its wait is lost.
     OffCpuReadError,
+    // Why each walk of a CPython thread's frames ended (see `python`).
+    PythonComplete,
+    PythonDepthLimit,
+    PythonReadFault,
+    PythonInvalid,
+    PythonNoThreadState,
+    /// Python frames recorded.
+    PythonFrames,
 }
 
 impl Counter {
-    pub const COUNT: u32 = 35;
+    pub const COUNT: u32 = 41;
 
     pub const ALL: [Counter; Self::COUNT as usize] = [
         Counter::Samples,
@@ -294,6 +304,12 @@ impl Counter {
         Counter::OffCpuStackLost,
         Counter::OffCpuWaitsMapFull,
         Counter::OffCpuReadError,
+        Counter::PythonComplete,
+        Counter::PythonDepthLimit,
+        Counter::PythonReadFault,
+        Counter::PythonInvalid,
+        Counter::PythonNoThreadState,
+        Counter::PythonFrames,
     ];
 
     /// Stable snake_case name used in logs and metrics.
@@ -334,6 +350,12 @@ impl Counter {
             Counter::OffCpuStackLost => "off_cpu_stack_lost",
             Counter::OffCpuWaitsMapFull => "off_cpu_waits_map_full",
             Counter::OffCpuReadError => "off_cpu_read_error",
+            Counter::PythonComplete => "python_complete",
+            Counter::PythonDepthLimit => "python_depth_limit",
+            Counter::PythonReadFault => "python_read_fault",
+            Counter::PythonInvalid => "python_invalid",
+            Counter::PythonNoThreadState => "python_no_thread_state",
+            Counter::PythonFrames => "python_frames",
         }
     }
 
@@ -364,6 +386,12 @@ impl Counter {
                 | Counter::OffCpuUnsampled
                 | Counter::OffCpuShort
                 | Counter::OffCpuWaits
+                | Counter::PythonComplete
+                | Counter::PythonDepthLimit
+                | Counter::PythonReadFault
+                | Counter::PythonInvalid
+                | Counter::PythonNoThreadState
+                | Counter::PythonFrames
         )
     }
 }
@@ -540,6 +568,8 @@ pub mod maps {
     pub const UNWIND_PROCESSES: &str = "UNWIND_PROCESSES";
     pub const UNWIND_SCRATCH: &str = "UNWIND_SCRATCH";
     pub const OFF_CPU_WAITS: &str = "OFF_CPU_WAITS";
+    pub const PYTHON_PROCESSES: &str = "PYTHON_PROCESSES";
+    pub const PYTHON_THREADS: &str = "PYTHON_THREADS";
 
     /// Default capacities; the daemon may override them at load time.
     pub const DEFAULT_COUNTS_ENTRIES: u32 = 16384;
@@ -577,6 +607,8 @@ pub mod globals {
     pub const OFF_CPU_SAMPLE_EVERY: &str = "OFF_CPU_SAMPLE_EVERY";
     /// Off-CPU waits shorter than this (ns) are dropped when they end.
     pub const OFF_CPU_MIN_NS: &str = "OFF_CPU_MIN_NS";
+    /// Byte offset of `task_struct.thread.fsbase` (0: unknown, no Python frames).
+    pub const TASK_FSBASE_OFFSET: &str = "TASK_FSBASE_OFFSET";
 }
 
 /// Program names as the daemon looks them up.

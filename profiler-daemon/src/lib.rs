@@ -28,6 +28,7 @@ pub mod kind;
 pub mod pipeline;
 pub mod profile;
 pub mod push;
+pub mod python;
 pub mod record;
 pub mod serve;
 pub mod shares;
