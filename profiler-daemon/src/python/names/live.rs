@@ -21,12 +21,22 @@ use crate::python::memory::{MAX_READ, MemoryError};
 
 /// Every interpreter the machine has, with its version.
 const PYTHONS: &[(&str, u8)] = &[
+    ("/root/.pyenv/versions/3.8.18/bin/python3.8", 8),
+    ("/root/.pyenv/versions/3.9.18/bin/python3.9", 9),
+    ("/root/.pyenv/versions/3.10.13/bin/python3.10", 10),
     ("/root/.pyenv/versions/3.11.7/bin/python3.11", 11),
     ("/usr/bin/python3.11", 11),
+    ("/root/.pyenv/versions/3.12.1/bin/python3.12", 12),
+    ("/root/.pyenv/versions/3.13.0/bin/python3.13", 13),
 ];
 
 fn layout_for(version: Version) -> Option<Layout> {
-    (version == Version { major: 3, minor: 11 }).then(layout_3_11)
+    crate::python::layout::for_version(version)
+}
+
+#[test]
+fn the_table_agrees_with_the_notes() {
+    assert_eq!(layout_for(Version { major: 3, minor: 11 }), Some(layout_3_11()));
 }
 
 /// A running live.py; killed when dropped.
