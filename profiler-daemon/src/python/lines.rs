@@ -145,8 +145,9 @@ fn parse_lnotab(first_line: i64, bytes: &[u8]) -> LineTable {
     let mut builder = Builder::new();
     let mut line = first_line;
     let mut offset: u64 = 0;
+    // 32 Ki pairs of u8 offset deltas and i8 line deltas cannot overflow
+    // the u64 offset and the i64 line (started from an i32).
     for pair in bytes.as_chunks::<2>().0 {
-        // 64 KiB of u8 deltas and i8 line deltas cannot overflow these.
         let next = offset + u64::from(pair[0]);
         let Some(end) = units(next) else {
             return builder.finish(None, true);
@@ -165,6 +166,7 @@ fn parse_linetable310(first_line: i64, bytes: &[u8]) -> LineTable {
     let mut builder = Builder::new();
     let mut line = first_line;
     let mut offset: u64 = 0;
+    // As in lnotab: these sums cannot overflow.
     for pair in bytes.as_chunks::<2>().0 {
         offset += u64::from(pair[0]);
         let delta = pair[1] as i8;
@@ -194,7 +196,8 @@ fn parse_locations(first_line: i64, bytes: &[u8]) -> LineTable {
         if first & 0x80 == 0 {
             return builder.finish(None, true);
         }
-        // The entry runs to the next byte with bit 7 set.
+        // The entry runs to the next byte with bit 7 set (`at` < len: the
+        // slice and the one below are in bounds).
         let rest = &bytes[at + 1..];
         let size = rest
             .iter()
@@ -213,10 +216,19 @@ fn parse_locations(first_line: i64, bytes: &[u8]) -> LineTable {
             },
             _ => None,
         };
-        let range_line = delta.map(|delta| {
-            line += delta;
-            line
-        });
+        let range_line = match delta {
+            // Deltas are under 2^31 and at most 64 Ki of them: this cannot
+            // fail, but a forged table gets checked arithmetic anyway.
+            Some(delta) => match line.checked_add(delta) {
+                Some(next) => {
+                    line = next;
+                    Some(line)
+                }
+                None => return builder.finish(None, true),
+            },
+            None => None,
+        };
+        // At most 8 units an entry, 64 Ki entries: far from u32::MAX.
         end = end.saturating_add(u32::from(first & 7) + 1);
         if !builder.push(end, range_line) {
             break;
