@@ -75,6 +75,8 @@ pub struct PythonFrame {
 pub struct PythonNameStats {
     /// Code objects read (attempts).
     pub reads: u64,
+    /// Time spent reading them (system calls and parsing).
+    pub read_ns: u64,
     pub read_errors: u64,
     pub key_mismatches: u64,
     pub evictions: u64,
@@ -190,7 +192,9 @@ impl<M: Memory> PythonNames<M> {
 
         self.stats.reads += 1;
         let read = Instant::now();
-        let (state, answer) = match read_code_with(&process.memory, layout, address, &mut process.code_type) {
+        let outcome = read_code_with(&process.memory, layout, address, &mut process.code_type);
+        self.stats.read_ns += u64::try_from(read.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let (state, answer) = match outcome {
             Ok(code) if code.key() == key => {
                 let answer = frame(&code, instruction);
                 let code = Arc::new(code);

@@ -56,6 +56,12 @@ pub fn encode(
         "Code objects read from processes' memory to name Python frames",
         names.reads,
     )?;
+    super::float_counter(
+        out,
+        "python_code_read_seconds",
+        "Time the symbolizer spent reading code objects (and their names and line tables)",
+        names.read_ns as f64 / 1e9,
+    )?;
     counter(
         out,
         "python_code_read_errors",
