@@ -263,10 +263,13 @@ pub enum Counter {
     PythonNoThreadState,
     /// Python frames recorded.
     PythonFrames,
+    /// The ring of code objects to read was full: one may go unnamed if its
+    /// process is short-lived.
+    PythonCodesLost,
 }
 
 impl Counter {
-    pub const COUNT: u32 = 41;
+    pub const COUNT: u32 = 42;
 
     pub const ALL: [Counter; Self::COUNT as usize] = [
         Counter::Samples,
@@ -310,6 +313,7 @@ impl Counter {
         Counter::PythonInvalid,
         Counter::PythonNoThreadState,
         Counter::PythonFrames,
+        Counter::PythonCodesLost,
     ];
 
     /// Stable snake_case name used in logs and metrics.
@@ -356,6 +360,7 @@ impl Counter {
             Counter::PythonInvalid => "python_invalid",
             Counter::PythonNoThreadState => "python_no_thread_state",
             Counter::PythonFrames => "python_frames",
+            Counter::PythonCodesLost => "python_codes_lost",
         }
     }
 
@@ -392,6 +397,7 @@ impl Counter {
                 | Counter::PythonInvalid
                 | Counter::PythonNoThreadState
                 | Counter::PythonFrames
+                | Counter::PythonCodesLost
         )
     }
 }
@@ -572,6 +578,8 @@ pub mod maps {
     pub const OFF_CPU_WAITS: &str = "OFF_CPU_WAITS";
     pub const PYTHON_PROCESSES: &str = "PYTHON_PROCESSES";
     pub const PYTHON_THREADS: &str = "PYTHON_THREADS";
+    pub const PYTHON_CODES: &str = "PYTHON_CODES";
+    pub const PYTHON_SEEN: &str = "PYTHON_SEEN";
 
     /// Default capacities; the daemon may override them at load time.
     pub const DEFAULT_COUNTS_ENTRIES: u32 = 16384;

@@ -82,6 +82,20 @@ pub mod instruction_model {
 /// Value of `_PyInterpreterFrame.owner` for the eval loop's shim (3.12+).
 pub const FRAME_OWNED_BY_CSTACK: u8 = 3;
 
+/// Sent through the `PYTHON_CODES` ring when a CPU records a code object it
+/// has not recorded lately: the daemon reads it while the process lives (a
+/// short-lived process is gone by the time its samples are drained).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PythonCodeSeen {
+    pub tgid: u32,
+    pub reserved: u32,
+    pub code: u64,
+}
+
+/// Code objects each CPU remembers having announced (direct-mapped).
+pub const SEEN_CODES: usize = 1024;
+
 /// Python threads scanned to find the sampled thread's state.
 pub const MAX_THREAD_SCAN: u32 = 64;
 
@@ -134,10 +148,14 @@ pub struct PythonProcess {
 
 const _: () = assert!(core::mem::size_of::<PythonProcess>() == 3 * 8 + 4 + 12 * 2 + 4);
 const _: () = assert!(core::mem::size_of::<PythonProcess>().is_multiple_of(8));
+const _: () = assert!(core::mem::size_of::<PythonCodeSeen>() == 16);
 
 #[cfg(feature = "user")]
 // SAFETY: repr(C), only integer fields, no padding (asserted above).
 unsafe impl aya::Pod for PythonProcess {}
+#[cfg(feature = "user")]
+// SAFETY: as above.
+unsafe impl aya::Pod for PythonCodeSeen {}
 
 #[cfg(test)]
 mod tests {

@@ -16,7 +16,10 @@ use std::{
 use tokio::sync::{oneshot, watch};
 
 use crate::error::Chain;
-use crate::python::detect::{Detected, DetectionStats};
+use crate::python::{
+    detect::{Detected, DetectionStats},
+    prefetch::{PrefetchStats, Prefetcher, PythonNews},
+};
 use crate::{
     collect::{
         BpfCounters, CollectError, Drainer, MapSizes, OpenFileStats, OpenFiles, ProcessNotice,
@@ -118,8 +121,6 @@ enum DrainCommand {
 
 enum SymbolizeInput {
     Notice(ProcessNotice),
-    /// A CPython process the table manager found.
-    Python(Detected),
     Batch {
         // Boxed: a batch is large and notices are frequent.
         batch: Box<RawBatch>,
@@ -138,6 +139,7 @@ pub struct Pipeline {
     open_files: Arc<OpenFileStats>,
     unwind: Option<Arc<UnwindStats>>,
     python: Option<Arc<DetectionStats>>,
+    prefetch: Option<Arc<PrefetchStats>>,
     threads: Vec<JoinHandle<()>>,
     cpus: usize,
     frequency: u64,
@@ -175,22 +177,38 @@ impl Pipeline {
         };
         let mut unwind_stats = None;
         let mut python_stats = None;
+        // News of Python processes for the symbolizer (a channel of its own,
+        // not its inputs: the symbolizer holds the table manager's input, and
+        // each holding the other's would keep both alive at shutdown).
+        // Bounded: a lagging symbolizer loses code objects read ahead (it
+        // reads them itself later); a found process is always told.
+        let (news_tx, news_rx) = mpsc::sync_channel::<PythonNews>(16384);
+        let mut prefetch_stats = None;
         let unwind_tx = match unwind_maps {
-            Some(maps) => {
+            Some(mut maps) => {
+                let (found_tx, found_rx) = mpsc::channel::<Detected>();
+                let prefetch = maps.python_codes.take().map(|ring| {
+                    let prefetcher = Prefetcher::new(ring, found_rx, news_tx.clone());
+                    prefetch_stats = Some(prefetcher.stats());
+                    prefetcher
+                });
+                if let Some(prefetcher) = prefetch {
+                    let stop = stop.clone();
+                    threads.push(spawn("python-codes", Box::new(move || prefetcher.run(&stop)))?);
+                }
+                let news_tx = news_tx.clone();
                 let worker = WorkerConfig::this_binary(
                     options.symbolizer.worker_memory_bytes,
                     options.symbolizer.worker_deadline,
                 );
-                let python_tx = symbolize_tx.clone();
                 let manager = TableManager::new(
                     maps,
                     WorkerClient::new(worker),
                     options.sampler.unwind_table_user_share_percent,
                 )
-                // The symbolizer never waits on the table manager: a full
-                // queue only slows this down.
-                .on_python(move |detected| {
-                    let _ = python_tx.send(SymbolizeInput::Python(detected));
+                .on_python(move |detected: Detected| {
+                    let _ = found_tx.send(detected.clone());
+                    let _ = news_tx.send(PythonNews::Found(detected));
                 });
                 python_stats = Some(manager.python_stats());
                 unwind_stats = Some(manager.stats());
@@ -236,6 +254,7 @@ impl Pipeline {
                 "symbolize",
                 Box::new(move || {
                     let symbolizer = Symbolizer::new(worker, files);
+                    let symbolizer = symbolizer.python_from(news_rx);
                     symbolize_loop(symbolizer, symbolize_rx, store, &status_tx, only_pids, unwind);
                 }),
             )?);
@@ -265,6 +284,7 @@ impl Pipeline {
             open_files,
             unwind: unwind_stats,
             python: python_stats,
+            prefetch: prefetch_stats,
             threads,
             cpus,
             frequency: options.sampler.frequency,
@@ -319,6 +339,11 @@ impl Pipeline {
     /// CPython processes found (None without Python frames or tables).
     pub fn python_stats(&self) -> Option<&DetectionStats> {
         self.python.as_deref()
+    }
+
+    /// Code objects read ahead (None without Python frames).
+    pub fn prefetch_stats(&self) -> Option<&PrefetchStats> {
+        self.prefetch.as_deref()
     }
 
     pub fn cpus(&self) -> usize {
@@ -448,7 +473,6 @@ fn symbolize_loop(
         supervise::fault_point("symbolize");
         match input {
             SymbolizeInput::Notice(notice) => symbolizer.notice(notice),
-            SymbolizeInput::Python(detected) => symbolizer.python_found(detected),
             SymbolizeInput::Batch {
                 batch,
                 time_ms,

@@ -19,14 +19,14 @@ use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
     helpers::{bpf_get_current_pid_tgid, bpf_get_current_task, bpf_probe_read_kernel, bpf_probe_read_user},
     macros::map,
-    maps::{HashMap, LruHashMap},
+    maps::{HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
 use profiler_common::{
     Counter, MAX_STACK_DEPTH,
     maps::DEFAULT_UNWIND_PROCESSES_ENTRIES,
     python::{
-        FRAME_OWNED_BY_CSTACK, MAX_THREAD_SCAN, NO_INSTRUCTION, PythonProcess, code_key, encode_frame,
-        frame_model, instruction_model,
+        FRAME_OWNED_BY_CSTACK, MAX_THREAD_SCAN, NO_INSTRUCTION, PythonCodeSeen, PythonProcess, SEEN_CODES,
+        code_key, encode_frame, frame_model, instruction_model,
     },
 };
 
@@ -43,6 +43,13 @@ pub static PYTHON_PROCESSES: HashMap<u32, PythonProcess> =
 /// tid -> its PyThreadState, as last found (checked again at every use).
 #[map]
 static PYTHON_THREADS: LruHashMap<u32, u64> = LruHashMap::with_max_entries(16384, 0);
+
+/// Code objects to read while their process lives (see [`announce_code`]).
+#[map]
+static PYTHON_CODES: RingBuf = RingBuf::with_byte_size(64 * 1024, 0);
+/// Per CPU: the (process, code object) pairs announced lately, direct-mapped.
+#[map]
+static PYTHON_SEEN: PerCpuArray<[u64; SEEN_CODES]> = PerCpuArray::with_max_entries(1, 0);
 
 #[unsafe(no_mangle)]
 static TASK_FSBASE_OFFSET: Global<u64> = Global::new(0);
@@ -148,6 +155,7 @@ pub fn frame_step(walk: &mut Walk, python: &PythonProcess) {
     };
     let instruction = instruction(&window, python, code);
     let slot = encode_frame(code, instruction, code_key(first_line));
+    announce_code(code);
     walk.stack.frames[len] = slot;
     walk.stack.len = len as u32 + 1;
     walk.stack.hash = (walk.stack.hash ^ slot).wrapping_mul(FNV_PRIME);
@@ -161,6 +169,39 @@ pub fn frame_step(walk: &mut Walk, python: &PythonProcess) {
     };
     if batch_ends {
         walk.flags &= !PY_BATCH;
+    }
+}
+
+/// Tells the daemon of a code object this CPU has not told it of lately, so
+/// that it is read while its process lives. Woken up: a process living a
+/// few hundred milliseconds is gone by the next drain.
+#[inline(always)]
+fn announce_code(code: u64) {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    // Code addresses are below 2^47: the tgid in the bits above makes the pair.
+    let pair = code ^ (u64::from(tgid) << 47);
+    let Some(seen) = PYTHON_SEEN.get_ptr_mut(0) else {
+        return;
+    };
+    let slot = (pair >> 4).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 54;
+    // SAFETY: this CPU's entry; programs do not nest on one CPU.
+    let seen = unsafe { &mut (*seen)[slot as usize & (SEEN_CODES - 1)] };
+    if *seen == pair {
+        return;
+    }
+    match PYTHON_CODES.reserve::<PythonCodeSeen>(0) {
+        Some(mut entry) => {
+            entry.write(PythonCodeSeen {
+                tgid,
+                reserved: 0,
+                code,
+            });
+            entry.submit(0);
+            *seen = pair;
+        }
+        None => {
+            bump(Counter::PythonCodesLost);
+        }
     }
 }
 

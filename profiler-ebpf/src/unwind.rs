@@ -183,6 +183,10 @@ pub fn walk_user_stack(registers: Option<(u64, u64, u64)>, tgid: u32) -> Option<
         add(Counter::UnwindFramePointerFrames, (*walk).pointer_frames);
     }
     stack.hash = (stack.hash ^ u64::from(end)).wrapping_mul(FNV_PRIME);
+    // A multiply carries differences only upwards: fold the high half in,
+    // so the stack's id (the low bits) tells apart stacks that differ only
+    // in high bits (a Python frame's instruction and key, see python.rs).
+    stack.hash ^= stack.hash >> 32;
     Some(walk)
 }
 

@@ -102,6 +102,8 @@ pub struct UnwindMaps {
     pub processes: HashMap<MapData, u32, UnwindProcess>,
     /// Where each CPython process's interpreter is; None with Python frames off.
     pub python: Option<HashMap<MapData, u32, PythonProcess>>,
+    /// Code objects the sampler announces (see `python::prefetch`).
+    pub python_codes: Option<RingBuf<MapData>>,
 }
 
 /// The loaded and attached BPF program. Dropping it detaches everything.
@@ -234,6 +236,11 @@ impl Sampler {
                 processes: convert(&mut ebpf, maps::UNWIND_PROCESSES)?,
                 python: if python {
                     Some(convert(&mut ebpf, maps::PYTHON_PROCESSES)?)
+                } else {
+                    None
+                },
+                python_codes: if python {
+                    Some(convert(&mut ebpf, maps::PYTHON_CODES)?)
                 } else {
                     None
                 },

@@ -21,4 +21,5 @@ pub mod layout;
 pub mod lines;
 pub mod memory;
 pub mod names;
+pub mod prefetch;
 pub mod reader;

@@ -79,6 +79,8 @@ pub struct PythonNameStats {
     /// Time spent reading them (system calls and parsing).
     pub read_ns: u64,
     pub read_errors: u64,
+    /// Code objects read ahead of their samples, while their process lived.
+    pub read_ahead: u64,
     pub key_mismatches: u64,
     pub evictions: u64,
     /// Entries held now, negative ones included.
@@ -266,6 +268,40 @@ impl<M: Memory> PythonNames<M> {
         }
         self.bound((pid, instance));
         answer
+    }
+
+    /// Takes in a code object read ahead of its samples (see
+    /// [`super::prefetch`]): a short-lived process may be gone by the time
+    /// they are named. An address already cached keeps its entry.
+    pub fn read_ahead(&mut self, pid: u32, instance: u32, address: u64, code: CodeObject) {
+        self.clock += 1;
+        let clock = self.clock;
+        let open = &self.open;
+        let process = self.processes.entry((pid, instance)).or_insert_with(|| Process {
+            memory: open(pid),
+            code_type: None,
+            entries: HashMap::new(),
+            bytes: 0,
+        });
+        if process.entries.contains_key(&address) {
+            return;
+        }
+        let weight = code.weight();
+        let entry = Entry {
+            state: State::Code {
+                code: Arc::new(code),
+                mismatched: 0,
+                read: Instant::now(),
+            },
+            used: clock,
+            weight,
+        };
+        process.bytes += weight;
+        self.bytes += weight;
+        process.entries.insert(address, entry);
+        self.entries += 1;
+        self.stats.read_ahead += 1;
+        self.bound((pid, instance));
     }
 
     /// Forgets a process instance (it exited or exec'd).

@@ -87,6 +87,15 @@ pub(super) async fn metrics(
             .load(std::sync::atomic::Ordering::Relaxed),
         open_files: isolation::OpenFilesSnapshot::of(state.pipeline.open_files()),
         unwind_tables: state.pipeline.unwind_stats().map(unwinding::TablesSnapshot::of),
+        python_read_ahead: state.pipeline.prefetch_stats().map(|stats| {
+            use std::sync::atomic::Ordering::Relaxed;
+            [
+                ("announced", stats.announced.load(Relaxed)),
+                ("read", stats.read.load(Relaxed)),
+                ("failed", stats.failed.load(Relaxed)),
+                ("dropped", stats.dropped.load(Relaxed)),
+            ]
+        }),
         python_processes: state
             .pipeline
             .python_stats()
@@ -125,6 +134,8 @@ struct Snapshot {
     unwind_tables: Option<unwinding::TablesSnapshot>,
     /// (version, outcome, processes).
     python_processes: Vec<(String, &'static str, u64)>,
+    /// Code objects announced by the sampler for reading ahead, by outcome.
+    python_read_ahead: Option<[(&'static str, u64); 4]>,
     connections: ConnectionStats,
     /// With TLS only.
     tls: Option<super::tls::TlsSnapshot>,
@@ -288,6 +299,15 @@ impl Collector for Snapshot {
         isolation::encode(out, status, &self.open_files)?;
         unwinding::encode(out, bpf, self.unwind_tables.as_ref())?;
         python::encode(out, bpf, &self.python_processes, status.symbolizer.python)?;
+        if let Some(read_ahead) = &self.python_read_ahead {
+            labelled_counters(
+                out,
+                "python_code_announcements",
+                "Code objects the sampler announced for reading while their process lives, by outcome (read, failed, dropped: over the rate bounds or of a process not found yet; announced: all)",
+                "outcome",
+                read_ahead,
+            )?;
+        }
         let store = &self.store;
         gauge(
             out,

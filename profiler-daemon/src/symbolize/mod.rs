@@ -21,7 +21,7 @@ pub use stack::{FrameKind, Function, Line, Location, Mapping, SymbolizedSample, 
 use crate::{
     cgroup::{CgroupResolver, CgroupStats},
     collect::{OpenFiles, ProcessNotice, ProcessSnapshot, RawBatch, ReadableBy, SnapshotReader},
-    python::{detect::Detected, names::PythonNameStats},
+    python::{names::PythonNameStats, prefetch::PythonNews},
     shares::Owner,
 };
 use processes::{ProcessEntry, ProcessTable};
@@ -46,6 +46,8 @@ pub struct Symbolizer {
     names: HashMap<[u8; profiler_common::COMM_LEN], Arc<str>>,
     cgroups: CgroupResolver,
     python: PythonFrames,
+    /// CPython processes found, and code objects read ahead.
+    python_news: Option<std::sync::mpsc::Receiver<PythonNews>>,
     /// Samples of a kind this daemon does not know (a mismatched BPF object).
     unknown_kinds: u64,
 }
@@ -66,6 +68,7 @@ impl Symbolizer {
             names: HashMap::new(),
             cgroups: CgroupResolver::new(crate::cgroup::v2_root()),
             python: PythonFrames::default(),
+            python_news: None,
             unknown_kinds: 0,
         }
     }
@@ -85,9 +88,13 @@ impl Symbolizer {
         }
     }
 
-    /// A CPython process the table manager found: its frames can be named.
-    pub fn python_found(&mut self, detected: Detected) {
-        self.python.found(detected);
+    /// Where news of Python processes come from: the CPython processes the
+    /// table manager finds and the code objects read ahead (taken in before
+    /// each batch: the sampler walks a process's Python frames only once it
+    /// was found, so its samples come after).
+    pub fn python_from(mut self, news: std::sync::mpsc::Receiver<PythonNews>) -> Self {
+        self.python_news = Some(news);
+        self
     }
 
     /// Mappings read during symbolization (late or after a dlopen) since
@@ -107,6 +114,11 @@ impl Symbolizer {
 
     /// Symbolizes one drained batch. Samples without a stack keep an empty one.
     pub fn symbolize(&mut self, batch: &RawBatch) -> Vec<SymbolizedSample> {
+        if let Some(news) = &self.python_news {
+            while let Ok(news) = news.try_recv() {
+                self.python.news(news);
+            }
+        }
         // Pass 1: find every address not yet cached and resolve them a file at a time.
         let mut stale = Vec::new();
         for sample in &batch.samples {
@@ -214,6 +226,7 @@ impl Symbolizer {
         for file in self.processes.end_batch() {
             self.resolver.forget_file(&file);
         }
+        self.python.end_batch();
         out
     }
 

@@ -10,9 +10,9 @@ use std::{collections::HashMap, sync::Arc};
 
 use super::stack::{FrameKind, Function, Line, Location, Mapping};
 use crate::python::{
-    detect::Detected,
     layout::Layout,
     names::{Limits, PythonNameStats, PythonNames},
+    prefetch::PythonNews,
     reader::{Reader, ReaderMemory},
 };
 
@@ -22,6 +22,10 @@ pub struct PythonFrames {
     /// Reads through `reader`: a process whose pages never come in costs
     /// the symbolizer one deadline, not the rest of its life.
     names: PythonNames<ReaderMemory>,
+    /// Processes that exited, forgotten after the next batch (its samples
+    /// may still hold their frames), and those forgotten at the end of this one.
+    exited: Vec<(u32, u32)>,
+    retiring: Vec<(u32, u32)>,
     reader: Reader,
     mapping: Arc<Mapping>,
 }
@@ -36,6 +40,8 @@ impl Default for PythonFrames {
         Self {
             layouts: HashMap::new(),
             names: PythonNames::with_memory(open, Limits::default()),
+            exited: Vec::new(),
+            retiring: Vec::new(),
             reader,
             mapping: Arc::new(Mapping {
                 start: 0,
@@ -49,14 +55,34 @@ impl Default for PythonFrames {
 }
 
 impl PythonFrames {
-    pub fn found(&mut self, detected: Detected) {
-        self.layouts
-            .insert((detected.pid, detected.instance), detected.layout);
+    pub fn news(&mut self, news: PythonNews) {
+        match news {
+            PythonNews::Found(detected) => {
+                self.layouts
+                    .insert((detected.pid, detected.instance), detected.layout);
+            }
+            PythonNews::Code {
+                pid,
+                instance,
+                address,
+                code,
+            } => self.names.read_ahead(pid, instance, address, code),
+        }
     }
 
+    /// The process exited: its names go after the batch that follows,
+    /// which may hold its last samples.
     pub fn exited(&mut self, pid: u32, instance: u32) {
-        self.layouts.remove(&(pid, instance));
-        self.names.exited(pid, instance);
+        self.exited.push((pid, instance));
+    }
+
+    /// At the end of a batch: forgets the processes that exited before it.
+    pub fn end_batch(&mut self) {
+        let exited = std::mem::take(&mut self.exited);
+        for (pid, instance) in std::mem::replace(&mut self.retiring, exited) {
+            self.layouts.remove(&(pid, instance));
+            self.names.exited(pid, instance);
+        }
     }
 
     pub fn stats(&self) -> PythonNameStats {
