@@ -510,7 +510,9 @@ pub struct UnwindMapping {
 #[derive(Clone, Copy, Debug)]
 pub struct UnwindProcess {
     pub count: u32,
-    pub reserved: u32,
+    /// 1 when the process runs CPython and has a `PYTHON_PROCESSES` entry
+    /// (written first): only then does the walk look it up.
+    pub python: u32,
     pub mappings: [UnwindMapping; MAX_UNWIND_MAPPINGS],
 }
 

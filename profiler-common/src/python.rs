@@ -52,7 +52,8 @@ pub const fn is_python_frame(slot: u64) -> bool {
 /// The identity bits of a code object: its first line number folded.
 /// The sampler and the daemon compute it alike.
 pub const fn code_key(first_line: u32) -> u64 {
-    let folded = first_line ^ (first_line >> 5) ^ (first_line >> 10) ^ (first_line >> 15) ^ (first_line >> 20);
+    let folded =
+        first_line ^ (first_line >> 5) ^ (first_line >> 10) ^ (first_line >> 15) ^ (first_line >> 20);
     (folded & ((1 << KEY_BITS) - 1)) as u64
 }
 
@@ -132,7 +133,7 @@ pub struct PythonProcess {
 }
 
 const _: () = assert!(core::mem::size_of::<PythonProcess>() == 3 * 8 + 4 + 12 * 2 + 4);
-const _: () = assert!(core::mem::size_of::<PythonProcess>() % 8 == 0);
+const _: () = assert!(core::mem::size_of::<PythonProcess>().is_multiple_of(8));
 
 #[cfg(feature = "user")]
 // SAFETY: repr(C), only integer fields, no padding (asserted above).

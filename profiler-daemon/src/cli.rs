@@ -95,6 +95,11 @@ pub struct SamplingArgs {
     /// Off-CPU: drop waits shorter than this, in microseconds (0: keep all).
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=10_000_000))]
     pub off_cpu_min_us: u64,
+    /// Do not walk CPython frames: Python processes then profile as the
+    /// interpreter's native frames (`python_frames = false` in the file).
+    /// On by default; its cost is in the README.
+    #[arg(long, default_value_t = false)]
+    pub no_python_frames: bool,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -290,6 +295,7 @@ impl SamplingArgs {
                     sample_every: self.off_cpu_sample_every,
                     min_ns: self.off_cpu_min_us.saturating_mul(1000),
                 },
+                python_frames: !self.no_python_frames,
             },
             drain_interval: Duration::from_millis(self.drain_interval_ms),
             store,

@@ -37,6 +37,7 @@ pub struct Config {
     pub unwind_table_memory_mb: Option<u64>,
     pub unwind_table_user_share_percent: Option<u64>,
     pub off_cpu: Option<bool>,
+    pub python_frames: Option<bool>,
     pub off_cpu_sample_every: Option<u64>,
     pub off_cpu_min_us: Option<u64>,
     pub http_max_connections: Option<u64>,
@@ -88,10 +89,11 @@ fn line_prefix(line: Option<usize>) -> String {
 }
 
 /// The keys that are not numbers (RANGES has the others).
-pub const OTHER_KEYS: [&str; 9] = [
+pub const OTHER_KEYS: [&str; 10] = [
     "listen",
     "unwind",
     "off_cpu",
+    "python_frames",
     "access_group",
     "access_token_file",
     "insecure",
@@ -292,6 +294,9 @@ impl Config {
             from_file("unwind_table_user_share_percent"),
         );
         set(&mut sampling.off_cpu, self.off_cpu, from_file("off_cpu"));
+        if let (Some(on), true) = (self.python_frames, from_file("python_frames")) {
+            sampling.no_python_frames = !on;
+        }
         set(
             &mut sampling.off_cpu_sample_every,
             self.off_cpu_sample_every,
@@ -427,7 +432,7 @@ pub fn describe(args: &DaemonArgs) -> String {
          counts_map_entries = {}\nuser_stack_map_entries = {}\nkernel_stack_map_entries = {}\n\
          max_open_files = {}\nsymbolizer_memory_mb = {}\nsymbolizer_deadline_ms = {}\n\
          unwind = \"{}\"\nunwind_table_memory_mb = {}\nunwind_table_user_share_percent = {}\n\
-         off_cpu = {}\noff_cpu_sample_every = {}\noff_cpu_min_us = {}\n\
+         off_cpu = {}\noff_cpu_sample_every = {}\noff_cpu_min_us = {}\npython_frames = {}\n\
          http_max_connections = {}\nhttp_header_timeout_ms = {}\nhttp_idle_timeout_seconds = {}\n\
          scrape_concurrency = {}\nscrape_queue = {}\nscrape_memory_mb = {}\nscrape_share_ms = {}\n\
          access_group = {:?}\naccess_token_file = {:?}\ninsecure = {}\n\
@@ -450,6 +455,7 @@ pub fn describe(args: &DaemonArgs) -> String {
         s.off_cpu,
         s.off_cpu_sample_every,
         s.off_cpu_min_us,
+        !s.no_python_frames,
         h.http_max_connections,
         h.http_header_timeout_ms,
         h.http_idle_timeout_seconds,

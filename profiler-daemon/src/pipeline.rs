@@ -16,6 +16,7 @@ use std::{
 use tokio::sync::{oneshot, watch};
 
 use crate::error::Chain;
+use crate::python::detect::{Detected, DetectionStats};
 use crate::{
     collect::{
         BpfCounters, CollectError, Drainer, MapSizes, OpenFileStats, OpenFiles, ProcessNotice,
@@ -117,6 +118,8 @@ enum DrainCommand {
 
 enum SymbolizeInput {
     Notice(ProcessNotice),
+    /// A CPython process the table manager found.
+    Python(Detected),
     Batch {
         // Boxed: a batch is large and notices are frequent.
         batch: Box<RawBatch>,
@@ -134,6 +137,7 @@ pub struct Pipeline {
     watcher_stats: Arc<WatcherStats>,
     open_files: Arc<OpenFileStats>,
     unwind: Option<Arc<UnwindStats>>,
+    python: Option<Arc<DetectionStats>>,
     threads: Vec<JoinHandle<()>>,
     cpus: usize,
     frequency: u64,
@@ -170,17 +174,25 @@ impl Pipeline {
             stages.spawn_thread(name, body).map_err(PipelineError::Thread)
         };
         let mut unwind_stats = None;
+        let mut python_stats = None;
         let unwind_tx = match unwind_maps {
             Some(maps) => {
                 let worker = WorkerConfig::this_binary(
                     options.symbolizer.worker_memory_bytes,
                     options.symbolizer.worker_deadline,
                 );
+                let python_tx = symbolize_tx.clone();
                 let manager = TableManager::new(
                     maps,
                     WorkerClient::new(worker),
                     options.sampler.unwind_table_user_share_percent,
-                );
+                )
+                // The symbolizer never waits on the table manager: a full
+                // queue only slows this down.
+                .on_python(move |detected| {
+                    let _ = python_tx.send(SymbolizeInput::Python(detected));
+                });
+                python_stats = Some(manager.python_stats());
                 unwind_stats = Some(manager.stats());
                 // Bounded, and never waited on: a full queue drops (and
                 // counts) the input; those processes walk with frame pointers.
@@ -252,6 +264,7 @@ impl Pipeline {
             watcher_stats,
             open_files,
             unwind: unwind_stats,
+            python: python_stats,
             threads,
             cpus,
             frequency: options.sampler.frequency,
@@ -301,6 +314,11 @@ impl Pipeline {
     /// The unwind tables' figures (`--unwind auto` only).
     pub fn unwind_stats(&self) -> Option<&UnwindStats> {
         self.unwind.as_deref()
+    }
+
+    /// CPython processes found (None without Python frames or tables).
+    pub fn python_stats(&self) -> Option<&DetectionStats> {
+        self.python.as_deref()
     }
 
     pub fn cpus(&self) -> usize {
@@ -430,6 +448,7 @@ fn symbolize_loop(
         supervise::fault_point("symbolize");
         match input {
             SymbolizeInput::Notice(notice) => symbolizer.notice(notice),
+            SymbolizeInput::Python(detected) => symbolizer.python_found(detected),
             SymbolizeInput::Batch {
                 batch,
                 time_ms,

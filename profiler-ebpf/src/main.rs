@@ -12,6 +12,7 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 mod off_cpu;
+mod python;
 mod unwind;
 
 use aya_ebpf::{
@@ -449,6 +450,7 @@ pub fn on_exec(_ctx: RawTracePointContext) -> i32 {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     let _ = PROCESSES.remove(&tgid);
     let _ = UNWIND_PROCESSES.remove(&tgid);
+    python::forget(tgid);
     0
 }
 
@@ -464,6 +466,7 @@ pub fn on_exit(_ctx: RawTracePointContext) -> i32 {
         return 0;
     }
     let _ = UNWIND_PROCESSES.remove(&tgid);
+    python::forget(tgid);
     // SAFETY: the value is only read.
     if let Some(instance) = unsafe { PROCESSES.get(&tgid) }.copied() {
         let _ = PROCESSES.remove(&tgid);

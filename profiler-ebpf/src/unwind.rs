@@ -19,10 +19,13 @@ use aya_ebpf::{
 };
 use profiler_common::{
     CfaRule, Counter, MAX_STACK_DEPTH, MAX_UNWIND_MAPPINGS, RbpRule, UNWIND_ROWS_PER_CHUNK, UnwindEnd,
-    UnwindProcess, UnwindRow, UnwindRowChunk, UnwindTableRange, UnwoundStack, maps::*,
+    UnwindProcess, UnwindRow, UnwindRowChunk, UnwindTableRange, UnwoundStack, maps::*, python::PythonProcess,
 };
 
-use crate::{add, bump};
+use crate::{
+    add, bump,
+    python::{self, PY_BATCH, PY_SKIP_PUSH},
+};
 
 #[map]
 static UNWIND_ROWS: Array<UnwindRowChunk> = Array::with_max_entries(DEFAULT_UNWIND_ROW_CHUNKS, 0);
@@ -49,7 +52,7 @@ const EXACT_IP: u64 = 1;
 const BP_UNKNOWN: u64 = 2;
 
 const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
-const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
+pub(crate) const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
 
 /// Offsets in the kernel's signal frame at `__restore_rt`: rsp points at
 /// the ucontext, whose mcontext (struct sigcontext) starts 40 bytes in.
@@ -84,13 +87,19 @@ pub struct Walk {
     ip: u64,
     sp: u64,
     bp: u64,
-    flags: u64,
+    /// EXACT_IP, BP_UNKNOWN, and the Python walk's `PY_*` bits.
+    pub flags: u64,
     /// Frames taken through a table row / a frame pointer, added to the
     /// counters once per walk rather than once per frame.
     table_frames: u64,
     pointer_frames: u64,
     /// Index of the mapping the previous frame was in.
     mapping_hint: u64,
+    /// The next Python frame to record (see `python`); 0: none.
+    pub py_frame: u64,
+    /// Python frames recorded, and how the Python part ended.
+    pub py_frames: u64,
+    pub py_end: u64,
 }
 
 /// What a `bpf_loop` step needs; lives on the sampler's stack.
@@ -99,6 +108,8 @@ struct StepContext {
     walk: *mut Walk,
     /// Null when the daemon has not loaded this process yet.
     process: *const UnwindProcess,
+    /// Null unless the process runs CPython.
+    python: *const PythonProcess,
 }
 
 /// Walks the current thread's user stack, from its user registers (see
@@ -113,7 +124,15 @@ pub fn walk_user_stack(registers: Option<(u64, u64, u64)>, tgid: u32) -> Option<
         return None;
     }
     // SAFETY: the value is only read, and stays valid for this run (RCU).
-    let process = unsafe { UNWIND_PROCESSES.get(&tgid) }.map_or(core::ptr::null(), |p| p as *const _);
+    let process: *const UnwindProcess =
+        unsafe { UNWIND_PROCESSES.get(&tgid) }.map_or(core::ptr::null(), |p| p as *const _);
+    // Only a process the daemon marked as CPython costs a second lookup.
+    // SAFETY: a non-null `process` is a live map value (see above).
+    let python = if !process.is_null() && unsafe { (*process).python } != 0 {
+        python::process(tgid)
+    } else {
+        core::ptr::null()
+    };
     // SAFETY: `walk` points at this CPU's scratch entry, which nothing else
     // touches while this program runs: the perf_event program does not nest
     // on a CPU, and the sched_switch one runs with interrupts off, so the
@@ -126,16 +145,27 @@ pub fn walk_user_stack(registers: Option<(u64, u64, u64)>, tgid: u32) -> Option<
         (*walk).table_frames = 0;
         (*walk).pointer_frames = 0;
         (*walk).mapping_hint = 0;
+        (*walk).py_frame = 0;
+        (*walk).py_frames = 0;
+        (*walk).py_end = 0;
+        if !python.is_null() {
+            python::start(&mut *walk, &*python);
+        }
         (*walk).stack.len = 0;
         (*walk).stack.end = UnwindEnd::DepthLimit as u32;
         (*walk).stack.hash = FNV_OFFSET;
     }
-    let mut step_context = StepContext { walk, process };
+    let mut step_context = StepContext {
+        walk,
+        process,
+        python,
+    };
     // SAFETY: `step` is a BPF subprogram with the callback signature; the
     // context is on this stack and outlives the call.
     unsafe {
         bpf_loop(
-            MAX_STACK_DEPTH.div_ceil(2) as u32 + 1,
+            // Two frames a step; Python batches also take a step to end.
+            MAX_STACK_DEPTH as u32 + 1,
             step as *mut c_void,
             (&mut step_context as *mut StepContext).cast(),
             0,
@@ -145,6 +175,8 @@ pub fn walk_user_stack(registers: Option<(u64, u64, u64)>, tgid: u32) -> Option<
     let stack = unsafe { &mut (*walk).stack };
     let end = stack.end;
     bump(end_counter(end));
+    // SAFETY: as above.
+    python::count_end(unsafe { &*walk }, end == UnwindEnd::DepthLimit as u32);
     // SAFETY: as above.
     unsafe {
         add(Counter::UnwindTableFrames, (*walk).table_frames);
@@ -204,13 +236,20 @@ fn end_counter(end: u32) -> Counter {
 extern "C" fn step(_index: u64, context: *mut c_void) -> i64 {
     // SAFETY: bpf_loop passes back the StepContext walk_user_stack gave it,
     // whose `walk` is a valid scratch entry for the whole walk.
-    let (walk, process) = unsafe {
+    let (walk, process, python) = unsafe {
         let context = &*(context as *const StepContext);
-        (&mut *context.walk, context.process)
+        (&mut *context.walk, context.process, context.python)
     };
+    if walk.flags & PY_BATCH != 0 && !python.is_null() {
+        // One Python frame per iteration: the Python step is verified once.
+        // SAFETY: a non-null `python` is a value of PYTHON_PROCESSES, valid
+        // for the program's run (RCU).
+        python::frame_step(walk, unsafe { &*python });
+        return 0;
+    }
     // Two frames per iteration: the loop's callback is an indirect call
     // (a retpoline on this kind of machine), worth amortizing.
-    match step_frame(walk, process).and_then(|()| step_frame(walk, process)) {
+    match step_frame(walk, process, python).and_then(|()| step_frame(walk, process, python)) {
         Ok(()) => 0,
         Err(end) => {
             walk.stack.end = end as u32;
@@ -220,7 +259,15 @@ extern "C" fn step(_index: u64, context: *mut c_void) -> i64 {
 }
 
 #[inline(always)]
-fn step_frame(walk: &mut Walk, process: *const UnwindProcess) -> Result<(), UnwindEnd> {
+fn step_frame(
+    walk: &mut Walk,
+    process: *const UnwindProcess,
+    python: *const PythonProcess,
+) -> Result<(), UnwindEnd> {
+    if walk.flags & PY_BATCH != 0 {
+        // The next iteration records the batch.
+        return Ok(());
+    }
     let ip = walk.ip;
     if ip == 0 {
         return Err(UnwindEnd::Complete);
@@ -229,9 +276,16 @@ fn step_frame(walk: &mut Walk, process: *const UnwindProcess) -> Result<(), Unwi
     if len >= MAX_STACK_DEPTH {
         return Err(UnwindEnd::DepthLimit);
     }
-    walk.stack.frames[len] = ip;
-    walk.stack.len = len as u32 + 1;
-    walk.stack.hash = (walk.stack.hash ^ ip).wrapping_mul(FNV_PRIME);
+    if walk.flags & PY_SKIP_PUSH == 0 {
+        // SAFETY: as above.
+        if !python.is_null() && python::enters(walk, unsafe { &*python }, ip) {
+            return Ok(());
+        }
+        walk.stack.frames[len] = ip;
+        walk.stack.len = len as u32 + 1;
+        walk.stack.hash = (walk.stack.hash ^ ip).wrapping_mul(FNV_PRIME);
+    }
+    walk.flags &= !PY_SKIP_PUSH;
 
     let lookup = if walk.flags & EXACT_IP != 0 { ip } else { ip - 1 };
     if process.is_null() {
@@ -312,7 +366,7 @@ fn signal_step(walk: &mut Walk) -> Result<(), UnwindEnd> {
     walk.bp = read_user(uc + UC_RBP)?;
     walk.sp = read_user(uc + UC_RSP)?;
     walk.ip = read_user(uc + UC_RIP)?;
-    walk.flags = EXACT_IP;
+    walk.flags = (walk.flags & !(EXACT_IP | BP_UNKNOWN)) | EXACT_IP;
     walk.table_frames += 1;
     Ok(())
 }

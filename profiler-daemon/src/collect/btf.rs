@@ -187,6 +187,9 @@ pub struct TaskOffsets {
     pub start_time: u32,
     /// `pid`: the thread id.
     pub pid: u32,
+    /// `thread.fsbase`: the TLS base, by which a CPython thread state is
+    /// found (0: unknown; Python frames are then not walked).
+    pub fsbase: u32,
 }
 
 pub fn task_offsets() -> Result<TaskOffsets, String> {
@@ -201,6 +204,7 @@ pub fn task_offsets() -> Result<TaskOffsets, String> {
         runtime: offset(&["se", "sum_exec_runtime"])?,
         start_time: offset(&["start_time"])?,
         pid: offset(&["pid"])?,
+        fsbase: offset(&["thread", "fsbase"]).unwrap_or(0),
     })
 }
 

@@ -10,7 +10,7 @@ use aya::{
 };
 use profiler_common::{
     SampleKey, SampleValue, UnwindProcess, UnwindRowChunk, UnwindTableRange, UnwoundStack, globals, maps,
-    programs, unwind_mode,
+    programs, python::PythonProcess, unwind_mode,
 };
 
 use super::{CollectError, Drainer, btf, drain::UserStackMaps};
@@ -69,6 +69,8 @@ pub struct SamplerOptions {
     /// when others need room (see [`crate::shares`]).
     pub unwind_table_user_share_percent: u64,
     pub off_cpu: OffCpuOptions,
+    /// Walk CPython frames (auto mode only).
+    pub python_frames: bool,
 }
 
 /// Off-CPU profiling: the sched_switch program, when enabled.
@@ -98,6 +100,8 @@ pub struct UnwindMaps {
     pub chunk_pcs: Array<MapData, u32>,
     pub tables: Array<MapData, UnwindTableRange>,
     pub processes: HashMap<MapData, u32, UnwindProcess>,
+    /// Where each CPython process's interpreter is; None with Python frames off.
+    pub python: Option<HashMap<MapData, u32, PythonProcess>>,
 }
 
 /// The loaded and attached BPF program. Dropping it detaches everything.
@@ -128,6 +132,7 @@ impl Sampler {
                     runtime: 0,
                     start_time: 0,
                     pid: 0,
+                    fsbase: 0,
                 }
             }
         };
@@ -190,6 +195,16 @@ impl Sampler {
             loader.map_max_entries(maps::UNWIND_TABLES, 1);
             loader.map_max_entries(maps::UNWIND_PROCESSES, 1);
         }
+        let python = tables && options.python_frames && offsets.fsbase != 0;
+        if tables && options.python_frames && !python {
+            tracing::warn!("Python frames need the kernel's BTF (task_struct.thread.fsbase): they are off");
+        }
+        if !python {
+            loader.map_max_entries(maps::PYTHON_PROCESSES, 1);
+            loader.map_max_entries(maps::PYTHON_THREADS, 1);
+        }
+        let fsbase_offset = if python { u64::from(offsets.fsbase) } else { 0 };
+        loader.override_global(globals::TASK_FSBASE_OFFSET, &fsbase_offset, true);
         for name in maps::KERNEL_STACKS {
             loader.map_max_entries(name, sizes.kernel_stacks);
         }
@@ -217,6 +232,11 @@ impl Sampler {
                 chunk_pcs: convert(&mut ebpf, maps::UNWIND_CHUNK_PCS)?,
                 tables: convert(&mut ebpf, maps::UNWIND_TABLES)?,
                 processes: convert(&mut ebpf, maps::UNWIND_PROCESSES)?,
+                python: if python {
+                    Some(convert(&mut ebpf, maps::PYTHON_PROCESSES)?)
+                } else {
+                    None
+                },
             })
         } else {
             None

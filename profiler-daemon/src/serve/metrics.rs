@@ -9,6 +9,7 @@ mod cgroups;
 mod exposition;
 mod isolation;
 mod push;
+mod python;
 mod scrapes;
 mod shares;
 mod tls;
@@ -86,6 +87,11 @@ pub(super) async fn metrics(
             .load(std::sync::atomic::Ordering::Relaxed),
         open_files: isolation::OpenFilesSnapshot::of(state.pipeline.open_files()),
         unwind_tables: state.pipeline.unwind_stats().map(unwinding::TablesSnapshot::of),
+        python_processes: state
+            .pipeline
+            .python_stats()
+            .map(|stats| stats.series())
+            .unwrap_or_default(),
         connections: state.connections.stats(),
         tls: state.tls.as_ref().map(|tls| tls.snapshot()),
         scrapes: state.scrapes.stats(),
@@ -117,6 +123,8 @@ struct Snapshot {
     snapshot_failures: u64,
     open_files: isolation::OpenFilesSnapshot,
     unwind_tables: Option<unwinding::TablesSnapshot>,
+    /// (version, outcome, processes).
+    python_processes: Vec<(String, &'static str, u64)>,
     connections: ConnectionStats,
     /// With TLS only.
     tls: Option<super::tls::TlsSnapshot>,
@@ -279,6 +287,7 @@ impl Collector for Snapshot {
         cgroups::encode(out, status.symbolizer.cgroups)?;
         isolation::encode(out, status, &self.open_files)?;
         unwinding::encode(out, bpf, self.unwind_tables.as_ref())?;
+        python::encode(out, bpf, &self.python_processes, status.symbolizer.python)?;
         let store = &self.store;
         gauge(
             out,

@@ -6,6 +6,7 @@
 
 mod demangle;
 mod processes;
+mod python_frames;
 mod resolver;
 mod stack;
 mod turns;
@@ -20,9 +21,12 @@ pub use stack::{FrameKind, Function, Line, Location, Mapping, SymbolizedSample, 
 use crate::{
     cgroup::{CgroupResolver, CgroupStats},
     collect::{OpenFiles, ProcessNotice, ProcessSnapshot, RawBatch, ReadableBy, SnapshotReader},
+    python::{detect::Detected, names::PythonNameStats},
     shares::Owner,
 };
 use processes::{ProcessEntry, ProcessTable};
+use profiler_common::python::is_python_frame;
+use python_frames::PythonFrames;
 use resolver::Resolver;
 use worker::WorkerConfig;
 
@@ -32,6 +36,7 @@ pub struct SymbolizerStats {
     pub resolver: ResolverStats,
     pub processes: ProcessStats,
     pub cgroups: CgroupStats,
+    pub python: PythonNameStats,
 }
 
 pub struct Symbolizer {
@@ -40,6 +45,7 @@ pub struct Symbolizer {
     kernel_mapping: Arc<Mapping>,
     names: HashMap<[u8; profiler_common::COMM_LEN], Arc<str>>,
     cgroups: CgroupResolver,
+    python: PythonFrames,
     /// Samples of a kind this daemon does not know (a mismatched BPF object).
     unknown_kinds: u64,
 }
@@ -59,6 +65,7 @@ impl Symbolizer {
             }),
             names: HashMap::new(),
             cgroups: CgroupResolver::new(crate::cgroup::v2_root()),
+            python: PythonFrames::default(),
             unknown_kinds: 0,
         }
     }
@@ -71,8 +78,16 @@ impl Symbolizer {
                 }
                 self.processes.insert(snapshot, &mut self.resolver);
             }
-            ProcessNotice::Exited { pid, instance } => self.processes.exited(pid, instance),
+            ProcessNotice::Exited { pid, instance } => {
+                self.processes.exited(pid, instance);
+                self.python.exited(pid, instance);
+            }
         }
+    }
+
+    /// A CPython process the table manager found: its frames can be named.
+    pub fn python_found(&mut self, detected: Detected) {
+        self.python.found(detected);
     }
 
     /// Mappings read during symbolization (late or after a dlopen) since
@@ -86,6 +101,7 @@ impl Symbolizer {
             resolver: self.resolver.stats,
             processes: self.processes.stats,
             cgroups: self.cgroups.stats,
+            python: self.python.stats(),
         }
     }
 
@@ -169,6 +185,8 @@ impl Symbolizer {
                     let mut stack = build_stack(
                         &self.resolver,
                         &self.kernel_mapping,
+                        &mut self.python,
+                        (key.tgid, key.instance),
                         process,
                         stack_of(&batch.kernel_stacks, key.kernel_stack_id),
                         stack_of(&batch.user_stacks, key.user_stack_id),
@@ -220,6 +238,9 @@ impl Symbolizer {
         let owner = Owner::of(process.readable_by);
         let mut all_mapped = true;
         for (index, &ip) in stack.iter().enumerate() {
+            if is_python_frame(ip) {
+                continue;
+            }
             let address = return_adjusted(ip, index > 0 || after_kernel);
             match process.mapping_of(address) {
                 Some(mapping) => {
@@ -265,6 +286,8 @@ fn return_adjusted(ip: u64, is_return_address: bool) -> u64 {
 fn build_stack(
     resolver: &Resolver,
     kernel_mapping: &Arc<Mapping>,
+    python: &mut PythonFrames,
+    (pid, instance): (u32, u32),
     process: Option<&ProcessEntry>,
     kernel: Option<&[u64]>,
     user: Option<&[u64]>,
@@ -282,6 +305,10 @@ fn build_stack(
     }
     let after_kernel = kernel.is_some();
     for (index, &ip) in user.unwrap_or_default().iter().enumerate() {
+        if is_python_frame(ip) {
+            locations.push(python.location(pid, instance, ip));
+            continue;
+        }
         let address = return_adjusted(ip, index > 0 || after_kernel);
         let mapping = process.and_then(|process| process.mapping_of(address));
         let lines = mapping.and_then(|mapping| {

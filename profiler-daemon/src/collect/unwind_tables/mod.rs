@@ -15,6 +15,7 @@
 mod charges;
 mod placement;
 mod process_entry;
+mod python_entry;
 mod space;
 mod stats;
 mod usage;
@@ -30,6 +31,7 @@ use profiler_common::{UNWIND_ROWS_PER_CHUNK, UnwindRow, UnwindTableRange, maps};
 use super::{FileKey, FileVersion, MappedFile, ProcessSnapshot, UnwindMaps};
 use crate::{
     error::Chain,
+    python::detect::{Detected, DetectionStats, PythonSymbols},
     shares::{Owner, Shares},
 };
 pub use charges::{LOSS_REASONS, TableLosses};
@@ -46,6 +48,8 @@ pub struct CompiledTable {
     /// The file's PT_LOAD segments, to find each mapping's load bias.
     pub segments: Vec<LoadSegment>,
     pub compile_time: Duration,
+    /// The file is a CPython interpreter.
+    pub python: Option<crate::python::detect::PythonSymbols>,
 }
 
 /// Whoever turns a file into a table (the worker; tests may use another).
@@ -99,6 +103,8 @@ struct FileTable {
     segments: Vec<LoadSegment>,
     state: TableState,
     path: Arc<str>,
+    /// The file is a CPython interpreter.
+    python: Option<PythonSymbols>,
 }
 
 #[derive(Debug)]
@@ -108,6 +114,8 @@ struct ProcessTables {
     /// Samples in the last drain it was sampled in.
     samples: u64,
     pending: bool,
+    /// Its CPython entry, once written (None: not CPython, not yet, or refused).
+    python: Option<python_entry::Found>,
 }
 
 pub struct TableManager<C> {
@@ -123,6 +131,9 @@ pub struct TableManager<C> {
     usage: HashMap<FileId, Usage>,
     drains: u64,
     stats: Arc<UnwindStats>,
+    python_stats: Arc<DetectionStats>,
+    /// Told of every CPython process found (the symbolizer names its frames).
+    on_python: Option<Box<dyn FnMut(Detected) + Send>>,
 }
 
 impl<C: TableCompiler> TableManager<C> {
@@ -143,7 +154,20 @@ impl<C: TableCompiler> TableManager<C> {
             usage: HashMap::new(),
             drains: 0,
             stats,
+            python_stats: Arc::default(),
+            on_python: None,
         }
+    }
+
+    /// Who is told of each CPython process found (Python frames are walked
+    /// only when the sampler has the map for them).
+    pub fn on_python(mut self, tell: impl FnMut(Detected) + Send + 'static) -> Self {
+        self.on_python = Some(Box::new(tell));
+        self
+    }
+
+    pub fn python_stats(&self) -> Arc<DetectionStats> {
+        self.python_stats.clone()
     }
 
     pub fn stats(&self) -> Arc<UnwindStats> {
@@ -179,6 +203,13 @@ impl<C: TableCompiler> TableManager<C> {
                     return;
                 }
                 let samples = self.processes.get(&pid).map_or(1, |known| known.samples);
+                // A new snapshot of the same instance (after a dlopen) keeps
+                // its interpreter; after exec the sampler dropped it.
+                let python = self
+                    .processes
+                    .get(&pid)
+                    .filter(|known| known.instance == snapshot.instance)
+                    .and_then(|known| known.python);
                 self.processes.insert(
                     pid,
                     ProcessTables {
@@ -186,6 +217,7 @@ impl<C: TableCompiler> TableManager<C> {
                         snapshot,
                         samples,
                         pending: true,
+                        python,
                     },
                 );
             }
@@ -332,13 +364,14 @@ impl<C: TableCompiler> TableManager<C> {
             .get(&pid)
             .is_some_and(|process| process.instance == instance)
         {
-            let entry = process_entry::build(&mappings, |file| {
+            let mut entry = process_entry::build(&mappings, |file| {
                 let table = self.files.get(&FileId {
                     key: file.key,
                     version: file.version,
                 })?;
                 Some((table.id, table.segments.as_slice()))
             });
+            entry.python = u32::from(self.python_entry(pid, instance, &mappings));
             if let Err(err) = self.maps.processes.insert(&pid, &*entry, 0) {
                 self.stats.map_errors.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(pid, "writing {}: {}", maps::UNWIND_PROCESSES, Chain(&err));
@@ -419,6 +452,7 @@ impl<C: TableCompiler> TableManager<C> {
                 segments: compiled.segments,
                 state,
                 path: path.clone(),
+                python: compiled.python,
             },
         );
     }
@@ -431,6 +465,7 @@ impl<C: TableCompiler> TableManager<C> {
                 segments: Vec::new(),
                 state: TableState::Unavailable,
                 path: path.clone(),
+                python: None,
             },
         );
     }

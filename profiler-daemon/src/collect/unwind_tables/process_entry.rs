@@ -45,7 +45,7 @@ pub fn build<'a>(
 ) -> Box<UnwindProcess> {
     let mut entry = Box::new(UnwindProcess {
         count: 0,
-        reserved: 0,
+        python: 0,
         mappings: [UnwindMapping::default(); MAX_UNWIND_MAPPINGS],
     });
     let mut count = 0;

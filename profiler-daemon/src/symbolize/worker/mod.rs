@@ -12,6 +12,7 @@
 //! quarantined: its frames stay `[unknown] file+0xoffset`.
 
 mod protocol;
+mod python_elf;
 mod sandbox;
 mod server;
 mod unwind_client;
@@ -35,7 +36,7 @@ use std::{
 use prost::Message as _;
 
 use crate::error::Chain;
-pub use protocol::{FileIdentity, LoadSegment, MAX_TABLE_ROWS, Response, SymbolLine, Symbols};
+pub use protocol::{FileIdentity, LoadSegment, MAX_TABLE_ROWS, PythonSymbols, Response, SymbolLine, Symbols};
 use protocol::{MAX_RESPONSE_BYTES, ProtocolError, Request};
 pub use unwind_client::{FileUnwindTable, UnwindTableError};
 

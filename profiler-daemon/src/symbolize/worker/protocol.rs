@@ -13,7 +13,8 @@ use std::{
 
 mod unwind;
 pub use unwind::{
-    InvalidTable, LoadSegment, MAX_BUILD_ID_BYTES, MAX_LOAD_SEGMENTS, MAX_TABLE_ROWS, UnwindTable,
+    InvalidTable, LoadSegment, MAX_BUILD_ID_BYTES, MAX_LOAD_SEGMENTS, MAX_TABLE_ROWS, PythonSymbols,
+    UnwindTable,
 };
 
 /// A request is small; a response carries names and paths for every offset.

@@ -48,6 +48,8 @@ pub struct FileUnwindTable {
     pub source: String,
     /// As the worker measured it (reading the file included).
     pub compile_time: Duration,
+    /// The file is a CPython interpreter.
+    pub python: Option<protocol::PythonSymbols>,
 }
 
 impl WorkerClient {
@@ -91,6 +93,7 @@ impl WorkerClient {
                 unsupported_rows: table.unsupported_rows,
                 source: protocol::bounded(table.source, protocol::MAX_NAME_BYTES),
                 compile_time: Duration::from_nanos(table.compile_ns),
+                python: table.python,
             }))
         })?;
         answer.map_err(UnwindTableError::NoTable)
@@ -125,6 +128,12 @@ impl TableCompiler for WorkerClient {
                 })
                 .collect(),
             compile_time: table.compile_time,
+            python: table.python.map(|found| crate::python::detect::PythonSymbols {
+                runtime: found.runtime,
+                eval_start: found.eval_start,
+                eval_size: found.eval_size,
+                version_hex: found.version_hex,
+            }),
         })
     }
 }

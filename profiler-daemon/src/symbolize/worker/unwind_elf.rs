@@ -26,6 +26,7 @@ use object::{
 
 use super::{
     protocol::{LoadSegment, MAX_BUILD_ID_BYTES, MAX_LOAD_SEGMENTS, UnwindTable},
+    python_elf,
     server::system_debug_file,
     unwind_table::{Compiled, Compiler, Limits},
 };
@@ -52,6 +53,7 @@ pub(super) fn unwind_table(fd: &OwnedFd) -> Result<(UnwindTable, Vec<u8>), Strin
         return Err("not an x86-64 file".into());
     }
     let (segments, code) = load_segments(header, &cache)?;
+    let python = python_elf::python_symbols(header, &cache, &segments);
     let build_id = build_id(header, &cache);
     let mut compiler = Compiler::new(&code, Limits::FILE);
     add_sections(&mut compiler, header, &cache, Origin::File)?;
@@ -83,6 +85,7 @@ pub(super) fn unwind_table(fd: &OwnedFd) -> Result<(UnwindTable, Vec<u8>), Strin
         source: sources.join("+"),
         compile_ns: u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX),
         segments,
+        python,
     };
     Ok((table, build_id))
 }

@@ -44,6 +44,26 @@ pub struct UnwindTable {
     /// `start - (vaddr + (offset - file_offset))` for the segment holding `offset`.
     #[prost(message, repeated, tag = "8")]
     pub segments: Vec<LoadSegment>,
+    /// The file is a CPython interpreter: where its state and eval loop are.
+    #[prost(message, optional, tag = "9")]
+    pub python: Option<PythonSymbols>,
+}
+
+/// A CPython interpreter's symbols (ELF virtual addresses). Unchecked: the
+/// daemon checks them against the process's memory and the version's layout.
+#[derive(Clone, Copy, PartialEq, Eq, prost::Message)]
+pub struct PythonSymbols {
+    /// `_PyRuntime`.
+    #[prost(uint64, tag = "1")]
+    pub runtime: u64,
+    /// `_PyEval_EvalFrameDefault` and its size.
+    #[prost(uint64, tag = "2")]
+    pub eval_start: u64,
+    #[prost(uint64, tag = "3")]
+    pub eval_size: u64,
+    /// PY_VERSION_HEX from `Py_Version` (3.11+) or the soname; 0: unknown.
+    #[prost(uint32, tag = "4")]
+    pub version_hex: u32,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, prost::Message)]
