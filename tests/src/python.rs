@@ -160,15 +160,16 @@ pub fn innermost(frames: &[&Frame], name: &str) -> Option<usize> {
         .rposition(|frame| is_python(frame) && frame.function == name)
 }
 
-/// A stack for a message, root first: native frames by name (`[kernel]`
-/// for the kernel's), Python ones as `py:NAME:LINE`.
+/// A stack for a message, root first: native frames by name (the
+/// kernel's suffixed `_[k]`, as folded output does), Python ones as
+/// `py:NAME:LINE`; `(no stack)` for a sample without frames.
 pub fn describe(sample: &Sample) -> String {
     let mut text = Vec::new();
     for frame in root_first(sample) {
         let shown = if is_python(frame) {
             format!("py:{}:{}", frame.function, frame.line)
         } else if frame.mapping == "[kernel.kallsyms]" {
-            continue;
+            format!("{}_[k]", frame.function)
         } else if frame.function.is_empty() {
             format!(
                 "[{}+{:#x}]",
@@ -179,6 +180,9 @@ pub fn describe(sample: &Sample) -> String {
             frame.function.clone()
         };
         text.push(shown);
+    }
+    if text.is_empty() {
+        return "(no stack)".to_owned();
     }
     text.join(";")
 }
