@@ -4,6 +4,8 @@
 //! every byte, and the bytes may change between two reads. Callers copy
 //! what they need into their own buffers once and decode from there.
 
+use std::time::Duration;
+
 use thiserror::Error;
 
 /// The largest single read: no structure the reader follows is bigger
@@ -32,6 +34,39 @@ pub enum MemoryError {
     },
     #[error("reading {wanted} bytes at {address:#x}: only {got} read")]
     Short { address: u64, wanted: usize, got: usize },
+    // The errors of the reader that bounds each read's time (`python::reader`).
+    #[error(
+        "reading {len} bytes at {address:#x} of process {pid} did not end within {deadline:?}: \
+         the process is not read again"
+    )]
+    TimedOut {
+        pid: u32,
+        address: u64,
+        len: usize,
+        deadline: Duration,
+    },
+    #[error("process {pid} blocked a read of its memory before: not read again")]
+    Stalled { pid: u32 },
+    #[error("{abandoned} reads of processes' memory are still blocked: no reads until one returns")]
+    Saturated { abandoned: usize },
+    #[error("the reader thread did not start reading process {pid} within {deadline:?}")]
+    NotStarted { pid: u32, deadline: Duration },
+    #[error("starting a memory reader thread: {0}")]
+    Spawn(#[source] std::io::Error),
+    #[error("the memory reader thread ended without an answer")]
+    ReaderLost,
+}
+
+impl MemoryError {
+    /// Whether the same read may well succeed soon: the failure was the
+    /// reader's state, not the address (so the address is not to be
+    /// remembered as unreadable).
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            Self::Saturated { .. } | Self::NotStarted { .. } | Self::Spawn(_) | Self::ReaderLost
+        )
+    }
 }
 
 /// Memory of some process (or, in tests, a buffer standing for it).

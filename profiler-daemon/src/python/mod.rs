@@ -9,6 +9,8 @@
 //! - [`memory`], [`code`], [`lines`]: reading a code object out of the
 //!   target process (hostile input: its owner controls every byte), and
 //!   its line table.
+//! - [`reader`]: reads of a process's memory that never hold the caller
+//!   past a deadline (a page-in may block forever).
 //! - [`names`]: the cache of code objects read, per process instance.
 //!
 //! [`PythonProcess`]: profiler_common::python::PythonProcess
@@ -19,3 +21,4 @@ pub mod layout;
 pub mod lines;
 pub mod memory;
 pub mod names;
+pub mod reader;

@@ -28,9 +28,10 @@ use std::time::{Duration, Instant};
 
 use profiler_common::python::{decode_frame, is_python_frame};
 
-use crate::python::code::{CodeObject, read_code_with};
+use crate::python::code::{CodeError, CodeObject, read_code_with};
 use crate::python::layout::Layout;
 use crate::python::memory::{Memory, ProcessMemory};
+use crate::python::reader::ReaderStats;
 
 /// Bytes counted for a negative entry (its map slot).
 const NEGATIVE_WEIGHT: usize = 64;
@@ -75,11 +76,17 @@ pub struct PythonFrame {
 pub struct PythonNameStats {
     /// Code objects read (attempts).
     pub reads: u64,
+    /// Time spent reading them (system calls and parsing).
+    pub read_ns: u64,
     pub read_errors: u64,
     pub key_mismatches: u64,
     pub evictions: u64,
     /// Entries held now, negative ones included.
     pub cached: u64,
+    /// The memory reader's own counters: [`PythonNames`] reads through a
+    /// [`Memory`] it knows nothing more of and leaves them zero; the owner
+    /// of the reader (the symbolizer's `PythonFrames`) fills them in.
+    pub reader: ReaderStats,
 }
 
 enum State {
@@ -123,6 +130,9 @@ pub struct PythonNames<M: Memory = ProcessMemory> {
 }
 
 impl PythonNames {
+    /// Reads with plain `process_vm_readv(2)`, which a process can make
+    /// block forever: for tests and tools. The daemon reads through
+    /// [`crate::python::reader`], which bounds each read's time.
     pub fn new() -> Self {
         Self::with_memory(ProcessMemory::new, Limits::default())
     }
@@ -190,7 +200,9 @@ impl<M: Memory> PythonNames<M> {
 
         self.stats.reads += 1;
         let read = Instant::now();
-        let (state, answer) = match read_code_with(&process.memory, layout, address, &mut process.code_type) {
+        let outcome = read_code_with(&process.memory, layout, address, &mut process.code_type);
+        self.stats.read_ns += u64::try_from(read.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let (state, answer) = match outcome {
             Ok(code) if code.key() == key => {
                 let answer = frame(&code, instruction);
                 let code = Arc::new(code);
@@ -220,6 +232,13 @@ impl<M: Memory> PythonNames<M> {
                     },
                     placeholder(address),
                 )
+            }
+            Err(CodeError::Read { source, .. }) if source.is_transient() => {
+                // The reader could not read now (too many reads blocked):
+                // no word on the address, so nothing is remembered of it.
+                tracing::trace!(pid, "python code object: {source}");
+                self.stats.read_errors += 1;
+                return placeholder(address);
             }
             Err(error) => {
                 tracing::trace!(pid, "python code object: {error}");

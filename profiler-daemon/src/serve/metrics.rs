@@ -374,7 +374,12 @@ pub(super) fn counter(encoder: &mut DescriptorEncoder, name: &str, help: &str, v
     metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
 }
 
-fn float_counter(encoder: &mut DescriptorEncoder, name: &str, help: &str, value: f64) -> fmt::Result {
+pub(super) fn float_counter(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    value: f64,
+) -> fmt::Result {
     let metric = ConstCounter::new(value);
     metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
 }

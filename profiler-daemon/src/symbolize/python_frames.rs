@@ -12,21 +12,31 @@ use super::stack::{FrameKind, Function, Line, Location, Mapping};
 use crate::python::{
     detect::Detected,
     layout::Layout,
-    names::{PythonNameStats, PythonNames},
+    names::{Limits, PythonNameStats, PythonNames},
+    reader::{Reader, ReaderMemory},
 };
 
 pub struct PythonFrames {
     /// (pid, instance) -> its interpreter's layout.
     layouts: HashMap<(u32, u32), Layout>,
-    names: PythonNames,
+    /// Reads through `reader`: a process whose pages never come in costs
+    /// the symbolizer one deadline, not the rest of its life.
+    names: PythonNames<ReaderMemory>,
+    reader: Reader,
     mapping: Arc<Mapping>,
 }
 
 impl Default for PythonFrames {
     fn default() -> Self {
+        let reader = Reader::daemon();
+        let open = {
+            let reader = reader.clone();
+            move |pid| reader.open(pid)
+        };
         Self {
             layouts: HashMap::new(),
-            names: PythonNames::new(),
+            names: PythonNames::with_memory(open, Limits::default()),
+            reader,
             mapping: Arc::new(Mapping {
                 start: 0,
                 limit: u64::MAX,
@@ -50,7 +60,10 @@ impl PythonFrames {
     }
 
     pub fn stats(&self) -> PythonNameStats {
-        self.names.stats()
+        PythonNameStats {
+            reader: self.reader.stats(),
+            ..self.names.stats()
+        }
     }
 
     /// The location of the Python frame in `slot`.

@@ -226,6 +226,9 @@ impl<C: TableCompiler> TableManager<C> {
                 // The sampler removes it itself at exit; this covers a
                 // process whose entry was written after that.
                 let _ = self.maps.processes.remove(&pid);
+                if let Some(python) = self.maps.python.as_mut() {
+                    let _ = python.remove(&pid);
+                }
             }
             UnwindInput::Sampled(sampled) => self.sampled(&sampled),
         }

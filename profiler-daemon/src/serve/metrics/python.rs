@@ -11,7 +11,10 @@ use prometheus_client::{
 };
 
 use super::{counter, gauge, labelled_counters};
-use crate::{collect::BpfCounters, python::names::PythonNameStats};
+use crate::{
+    collect::BpfCounters,
+    python::{names::PythonNameStats, reader::ReaderStats},
+};
 
 pub fn encode(
     out: &mut DescriptorEncoder,
@@ -56,6 +59,12 @@ pub fn encode(
         "Code objects read from processes' memory to name Python frames",
         names.reads,
     )?;
+    super::float_counter(
+        out,
+        "python_code_read_seconds",
+        "Time the symbolizer spent reading code objects (and their names and line tables)",
+        names.read_ns as f64 / 1e9,
+    )?;
     counter(
         out,
         "python_code_read_errors",
@@ -79,5 +88,50 @@ pub fn encode(
         "python_code_objects",
         "Code objects (and unreadable addresses) in the names cache",
         names.cached as i64,
+    )?;
+    encode_reader(out, &names.reader)
+}
+
+/// The reader of processes' memory, which bounds each read's time.
+fn encode_reader(out: &mut DescriptorEncoder, reader: &ReaderStats) -> fmt::Result {
+    counter(
+        out,
+        "python_memory_read_timeouts",
+        "Reads of a process's memory that did not end within the deadline (each stalls its process)",
+        reader.timeouts,
+    )?;
+    gauge(
+        out,
+        "python_stalled_processes",
+        "Processes a read of whose memory blocked: their Python frames are not named until they exit",
+        i64::try_from(reader.stalled_processes).unwrap_or(i64::MAX),
+    )?;
+    labelled_counters(
+        out,
+        "python_memory_reads_refused",
+        "Reads of processes' memory refused without a system call: of a stalled process, or while too many reader threads are blocked",
+        "reason",
+        &[
+            ("stalled", reader.refused_stalled),
+            ("saturated", reader.refused_saturated),
+        ],
+    )?;
+    counter(
+        out,
+        "python_memory_reads_not_started",
+        "Reads of processes' memory the reader thread did not start within the deadline",
+        reader.not_started,
+    )?;
+    gauge(
+        out,
+        "python_memory_readers_blocked",
+        "Reader threads abandoned in a read of a process's memory that has not returned",
+        i64::try_from(reader.abandoned_threads).unwrap_or(i64::MAX),
+    )?;
+    counter(
+        out,
+        "python_memory_reader_threads",
+        "Reader threads started (the first and each taking over from a blocked one)",
+        reader.threads_started,
     )
 }
