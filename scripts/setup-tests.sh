@@ -2,7 +2,7 @@
 # Installs everything the test suite needs, on top of scripts/setup.sh:
 # the tests' Debian packages (see scripts/toolchain.env for which test needs
 # which), clippy for the BPF nightly, Go and the standalone pprof (independent
-# readers of the profiles). Idempotent.
+# readers of the profiles), py-spy (the Python oracle). Idempotent.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 "$here/setup.sh"
@@ -57,12 +57,29 @@ install_standalone_pprof() {
     GOBIN=/usr/local/bin go install "github.com/google/pprof@$PPROF_VERSION"
 }
 
+# py-spy, the oracle of tests/python.rs, from PyPI: Debian's pip refuses to
+# install into the system (PEP 668), so a venv of Debian's python3.11 holds
+# it, and its binary (py-spy ships a static executable) is linked where the
+# tests find it on PATH.
+PY_SPY_VENV=/opt/profilerd-tests/py-spy
+install_py_spy() {
+    if [ -x /usr/local/bin/py-spy ] && [ "$(/usr/local/bin/py-spy --version 2>/dev/null)" = "py-spy $PY_SPY_VERSION" ]; then
+        return
+    fi
+    announce "installing py-spy $PY_SPY_VERSION from PyPI"
+    rm -rf "$PY_SPY_VENV"
+    /usr/bin/python3.11 -m venv "$PY_SPY_VENV"
+    "$PY_SPY_VENV/bin/pip" install --quiet --disable-pip-version-check "py-spy==$PY_SPY_VERSION"
+    ln -sf "$PY_SPY_VENV/bin/py-spy" /usr/local/bin/py-spy
+}
+
 main() {
     need_root
-    step "[tests 1/4] Debian packages for the tests" "~2 min" install_test_packages
-    step "[tests 2/4] clippy for the BPF nightly" "~5 s" install_bpf_clippy
-    step "[tests 3/4] Go (go tool pprof)" "~1 min" install_go
-    step "[tests 4/4] standalone pprof" "~40 s" install_standalone_pprof
+    step "[tests 1/5] Debian packages for the tests" "~2 min" install_test_packages
+    step "[tests 2/5] clippy for the BPF nightly" "~5 s" install_bpf_clippy
+    step "[tests 3/5] Go (go tool pprof)" "~1 min" install_go
+    step "[tests 4/5] standalone pprof" "~40 s" install_standalone_pprof
+    step "[tests 5/5] py-spy (PyPI)" "~10 s" install_py_spy
     log "ready for the tests"
 }
 

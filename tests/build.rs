@@ -72,6 +72,12 @@ fn main() -> anyhow::Result<()> {
     let library = out.join("libhog.so");
     cc(&["-shared", "-fPIC"], &source, &library)?;
     export("hog_library", &library);
+    // A forged CPython (tests/python.rs): its interpreter symbols exported.
+    let source = "workloads/forged_python.c";
+    println!("cargo::rerun-if-changed={source}");
+    let binary = out.join("forged_python");
+    cc(&["-rdynamic"], Path::new(source), &binary)?;
+    export("forged_python", &binary);
     println!("cargo::rerun-if-changed=workloads/fuzz_victim.h");
     for (name, extra) in [("fuzz_victim", FUZZ_VICTIM_FLAGS), ("fuzz_loader", &[][..])] {
         let source = format!("workloads/{name}.c");

@@ -20,6 +20,7 @@ pub mod pprof;
 pub mod promtool;
 pub mod protowire;
 pub mod pyroscope;
+pub mod python;
 pub mod rootfs;
 pub mod stacks;
 pub mod tls_daemon;
