@@ -101,7 +101,7 @@ fn a_corrupted_line_table_costs_at_most_its_own_symbols() {
 
     let mut watched = Watched::start(&[]);
     let mut attack = Attack::spawn("corrupted DWARF", command(attacker, &binary, &[ATTACK_SECONDS]));
-    watched.during_attack(&mut attack, Duration::from_secs(15));
+    watched.during_attack(&mut attack, Duration::from_secs(10));
     assert!(
         watched.samples_of(attack.pid(), 30) > 0,
         "the attacker's process was sampled"
@@ -141,7 +141,7 @@ fn a_file_truncated_under_the_symbolizer_does_not_bring_it_down() {
             &["truncate", library, ATTACK_SECONDS],
         ),
     );
-    watched.during_attack(&mut attack, Duration::from_secs(20));
+    watched.during_attack(&mut attack, Duration::from_secs(14));
     assert!(
         watched.samples_of(attack.pid(), 30) > 0,
         "the attacker's process was sampled"
@@ -204,7 +204,7 @@ fn a_debug_link_to_a_fifo_is_not_followed() {
 
     let mut watched = Watched::start(&[]);
     let mut attack = Attack::spawn("FIFO debug link", command(attacker, &binary, &[ATTACK_SECONDS]));
-    watched.during_attack(&mut attack, Duration::from_secs(15));
+    watched.during_attack(&mut attack, Duration::from_secs(10));
     assert!(
         watched.samples_of(attack.pid(), 30) > 0,
         "the attacker's process was sampled"
@@ -235,7 +235,7 @@ fn thirty_thousand_file_mappings_do_not_exhaust_the_daemon() {
         ),
     );
     attack.wait_for("mapped 30000 files", Duration::from_secs(60));
-    watched.during_attack(&mut attack, Duration::from_secs(20));
+    watched.during_attack(&mut attack, Duration::from_secs(14));
     assert!(
         watched.samples_of(attack.pid(), 30) > 0,
         "the attacker's process was sampled"

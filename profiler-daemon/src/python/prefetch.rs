@@ -114,10 +114,7 @@ impl Prefetcher {
             if self.second.elapsed() >= Duration::from_secs(1) {
                 self.new_second();
             }
-            loop {
-                let Some(seen) = self.ring.next().map(|item| parse(&item)) else {
-                    break;
-                };
+            while let Some(seen) = self.ring.next().map(|item| parse(&item)) {
                 let Some(seen) = seen else { continue };
                 self.stats.announced.fetch_add(1, Ordering::Relaxed);
                 self.take_found();
