@@ -7,8 +7,9 @@
 #   sample is of the workload;
 # - the daemon's CPU (utime+stime of it and its workers) over the window;
 # - naming new code objects: a workload compiling a new function every few
-#   milliseconds (bench/python/churn.py); the symbolizer's time per code
-#   object read (profilerd_python_code_read_seconds_total / reads).
+#   milliseconds (bench/python/churn.py); the code objects read ahead (their
+#   cost shows in the daemon's CPU against the busy row) and the
+#   symbolizer's time per code object it read itself.
 # Usage: bench/python_cost.sh [SECONDS]   (root; builds first)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -61,14 +62,16 @@ daemon_cpu() {
 }
 
 metric() { curl -sf "$url/metrics" | awk -v name="$1" '$1 == name {print $2}'; }
+# Code objects read ahead of their samples (python::prefetch).
+read_ahead() { metric 'profilerd_python_code_announcements_total{outcome="read"}'; }
 
 # measure LABEL COMMAND...: runs COMMAND on every CPU for $seconds after a
 # 3 s warm-up, prints BPF ns/sample, daemon CPU % of a core.
 measure() {
     local label="$1"
     shift
-    local pids=() i
-    for i in $(seq "$cpus"); do
+    local pids=()
+    for _ in $(seq "$cpus"); do
         "$@" $((seconds + 5)) &
         pids+=($!)
     done
@@ -78,18 +81,24 @@ measure() {
     cpu0="$(daemon_cpu)"
     reads0="$(metric profilerd_python_code_reads_total || echo 0)"
     read_s0="$(metric profilerd_python_code_read_seconds_total || echo 0)"
+    local ahead0
+    ahead0="$(read_ahead || echo 0)"
     sleep "$seconds"
     read -r ns1 cnt1 < <(sample_stats)
     local cpu1 reads1 read_s1
     cpu1="$(daemon_cpu)"
     reads1="$(metric profilerd_python_code_reads_total || echo 0)"
     read_s1="$(metric profilerd_python_code_read_seconds_total || echo 0)"
+    local ahead1
+    ahead1="$(read_ahead || echo 0)"
     wait "${pids[@]}"
     awk -v l="$label" -v ns=$((ns1 - ns0)) -v n=$((cnt1 - cnt0)) -v c0="$cpu0" -v c1="$cpu1" \
-        -v s="$seconds" -v r0="${reads0:-0}" -v r1="${reads1:-0}" -v t0="${read_s0:-0}" -v t1="${read_s1:-0}" 'BEGIN {
+        -v s="$seconds" -v r0="${reads0:-0}" -v r1="${reads1:-0}" -v t0="${read_s0:-0}" -v t1="${read_s1:-0}" \
+        -v a0="${ahead0:-0}" -v a1="${ahead1:-0}" 'BEGIN {
         reads = r1 - r0
         printf "%-34s %8.2f us/sample  %7d samples  daemon %.2f%% of a core", l, ns / n / 1000, n, (c1 - c0) / s * 100
-        if (reads > 0) printf "  %d code objects read, %.1f us each", reads, (t1 - t0) / reads * 1e6
+        if (a1 - a0 > 0) printf "  %d code objects read ahead", a1 - a0
+        if (reads > 0) printf "  %d read by the symbolizer, %.1f us each", reads, (t1 - t0) / reads * 1e6
         printf "\n"
     }'
 }
