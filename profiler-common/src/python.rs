@@ -89,7 +89,8 @@ pub const FRAME_OWNED_BY_CSTACK: u8 = 3;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PythonCodeSeen {
     pub tgid: u32,
-    pub reserved: u32,
+    /// The process instance the sampler knows it by (0: unknown).
+    pub instance: u32,
     pub code: u64,
 }
 

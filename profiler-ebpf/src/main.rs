@@ -64,7 +64,8 @@ static CONTROL: Array<u32> = Array::with_max_entries(CONTROL_LEN, 0);
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Counter::COUNT, 0);
 /// tgid -> instance of the process the sampler currently knows by that tgid.
 #[map]
-static PROCESSES: LruHashMap<u32, u32> = LruHashMap::with_max_entries(DEFAULT_PROCESSES_ENTRIES, 0);
+pub(crate) static PROCESSES: LruHashMap<u32, u32> =
+    LruHashMap::with_max_entries(DEFAULT_PROCESSES_ENTRIES, 0);
 #[map]
 static PROCESS_EVENTS: RingBuf = RingBuf::with_byte_size(PROCESS_EVENTS_BYTES, 0);
 /// tid -> the thread's CPU time (ns) as of its previous sample.

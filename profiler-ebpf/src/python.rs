@@ -193,7 +193,8 @@ fn announce_code(code: u64) {
         Some(mut entry) => {
             entry.write(PythonCodeSeen {
                 tgid,
-                reserved: 0,
+                // SAFETY: the value is only read.
+                instance: unsafe { crate::PROCESSES.get(&tgid) }.copied().unwrap_or(0),
                 code,
             });
             entry.submit(0);

@@ -184,9 +184,16 @@ impl Prefetcher {
         ) {
             Ok(code) => {
                 self.stats.read.fetch_add(1, Ordering::Relaxed);
+                // Cached under the instance its samples carry (the table
+                // manager's may be another of the pid's, see python_frames).
+                let instance = if seen.instance != 0 {
+                    seen.instance
+                } else {
+                    process.instance
+                };
                 let news = PythonNews::Code {
                     pid: seen.tgid,
-                    instance: process.instance,
+                    instance,
                     address: seen.code,
                     code,
                 };
@@ -207,7 +214,7 @@ fn parse(bytes: &[u8]) -> Option<PythonCodeSeen> {
         bytes.get(..size_of::<PythonCodeSeen>())?.try_into().ok()?;
     Some(PythonCodeSeen {
         tgid: u32::from_le_bytes(bytes[0..4].try_into().ok()?),
-        reserved: 0,
+        instance: u32::from_le_bytes(bytes[4..8].try_into().ok()?),
         code: u64::from_le_bytes(bytes[8..16].try_into().ok()?),
     })
 }
@@ -220,12 +227,13 @@ mod tests {
     fn announcements_parse_and_short_ones_do_not() {
         let mut bytes = [0u8; 16];
         bytes[0..4].copy_from_slice(&4242u32.to_le_bytes());
+        bytes[4..8].copy_from_slice(&7u32.to_le_bytes());
         bytes[8..16].copy_from_slice(&0x7f00_dead_bee0u64.to_le_bytes());
         assert_eq!(
             parse(&bytes),
             Some(PythonCodeSeen {
                 tgid: 4242,
-                reserved: 0,
+                instance: 7,
                 code: 0x7f00_dead_bee0
             })
         );

@@ -16,9 +16,13 @@ use crate::python::{
     reader::{Reader, ReaderMemory},
 };
 
+/// Layouts kept per pid (instances found of it, newest last).
+const MAX_INSTANCES_PER_PID: usize = 4;
+
 pub struct PythonFrames {
     /// (pid, instance) -> its interpreter's layout.
-    layouts: HashMap<(u32, u32), Layout>,
+    /// pid -> (instance, layout) as found, newest last (a few kept).
+    layouts: HashMap<u32, Vec<(u32, Layout)>>,
     /// Reads through `reader`: a process whose pages never come in costs
     /// the symbolizer one deadline, not the rest of its life.
     names: PythonNames<ReaderMemory>,
@@ -58,8 +62,12 @@ impl PythonFrames {
     pub fn news(&mut self, news: PythonNews) {
         match news {
             PythonNews::Found(detected) => {
-                self.layouts
-                    .insert((detected.pid, detected.instance), detected.layout);
+                let found = self.layouts.entry(detected.pid).or_default();
+                found.retain(|(instance, _)| *instance != detected.instance);
+                if found.len() == MAX_INSTANCES_PER_PID {
+                    found.remove(0);
+                }
+                found.push((detected.instance, detected.layout));
             }
             PythonNews::Code {
                 pid,
@@ -80,7 +88,12 @@ impl PythonFrames {
     pub fn end_batch(&mut self) {
         let exited = std::mem::take(&mut self.exited);
         for (pid, instance) in std::mem::replace(&mut self.retiring, exited) {
-            self.layouts.remove(&(pid, instance));
+            if let Some(found) = self.layouts.get_mut(&pid) {
+                found.retain(|(known, _)| *known != instance);
+                if found.is_empty() {
+                    self.layouts.remove(&pid);
+                }
+            }
             self.names.exited(pid, instance);
         }
     }
@@ -95,7 +108,7 @@ impl PythonFrames {
     /// The location of the Python frame in `slot`.
     pub fn location(&mut self, pid: u32, instance: u32, slot: u64) -> Location {
         let (code, _, _) = profiler_common::python::decode_frame(slot);
-        let frame = match self.layouts.get(&(pid, instance)) {
+        let frame = match layout_of(&self.layouts, pid, instance) {
             Some(layout) => Some(self.names.resolve(pid, instance, layout, slot)),
             None => None,
         };
@@ -119,4 +132,20 @@ impl PythonFrames {
             resolved,
         }
     }
+}
+
+/// The layout of `pid`'s interpreter: the one found for this instance,
+/// else the newest found for the pid. The table manager labels what it
+/// finds with the instance of the snapshot that made it look, which may
+/// be one of the pid's before an exec (a snapshot read late, during
+/// symbolization); what it found is the process's image now, so the
+/// newest is the best guess, and a wrong one only costs names (the code
+/// objects' keys are checked).
+fn layout_of(layouts: &HashMap<u32, Vec<(u32, Layout)>>, pid: u32, instance: u32) -> Option<&Layout> {
+    let found = layouts.get(&pid)?;
+    found
+        .iter()
+        .find(|(known, _)| *known == instance)
+        .or(found.last())
+        .map(|(_, layout)| layout)
 }
