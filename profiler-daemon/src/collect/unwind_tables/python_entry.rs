@@ -2,7 +2,7 @@
 //! its unwind entry (before it: the walk looks the Python one up only when
 //! the unwind entry says so).
 
-use std::{fs::File, os::unix::fs::FileExt as _, sync::atomic::Ordering};
+use std::sync::atomic::Ordering;
 
 use profiler_common::maps;
 
@@ -10,7 +10,11 @@ use super::{FileId, TableCompiler, TableManager, process_entry::load_bias};
 use crate::{
     collect::SnapshotMapping,
     error::Chain,
-    python::detect::{self, Detected},
+    python::{
+        detect::{self, Detected},
+        memory::Memory as _,
+        reader::Reader,
+    },
 };
 
 /// A process's interpreter as written for the sampler.
@@ -47,8 +51,12 @@ impl<C: TableCompiler> TableManager<C> {
         let Some((symbols, bias)) = found else {
             return false;
         };
+        // Through the daemon's reader: the process's owner chooses what backs
+        // its `_PyRuntime` (a FUSE page that never comes would hang this
+        // thread, and every process's tables with it).
+        let memory = Reader::daemon().open(pid);
         let written = match detect::entry(&symbols, bias, |address, bytes| {
-            File::open(format!("/proc/{pid}/mem"))?.read_exact_at(bytes, address)
+            memory.read(address, bytes).map_err(std::io::Error::other)
         }) {
             Ok((entry, layout)) => match python_map.insert(&pid, &entry, 0) {
                 Ok(()) => {
