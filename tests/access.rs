@@ -317,11 +317,19 @@ fn over_the_unix_socket_a_user_sees_only_their_own_processes() {
             .expect("starting profilerd on a Unix socket"),
     );
 
-    // Both workloads sampled, as root sees it over the socket.
+    // Both workloads sampled, as root sees it over the socket. The user's
+    // process is asked for by pid: other tests running beside this one have
+    // their own hot_a, which says nothing of whether this one was sampled.
     let started = Instant::now();
+    let users_own = format!("/folded?seconds=30&pid={user_pid}");
     loop {
         let (status, folded) = get_over_socket(&socket, "/folded?seconds=30", false);
-        if status == 200 && folded.contains("root_only_secret_function") && folded.contains("hot_a") {
+        let (own_status, own) = get_over_socket(&socket, &users_own, false);
+        if status == 200
+            && folded.contains("root_only_secret_function")
+            && own_status == 200
+            && own.contains("hot_a")
+        {
             break;
         }
         assert!(

@@ -11,10 +11,12 @@ use std::{
 
 use crate::daemon::free_port;
 
-/// The daemon built with `--features fault-injection`, in a target directory
-/// of its own (target/fault-injection): the shipped target/release/profilerd
-/// never has the hook. Built once per test run; $PROFILERD_FAULT_BIN
-/// overrides.
+/// The daemon built with `--features fault-injection`: the shipped
+/// target/release/profilerd never has the hook. scripts/test.sh builds it
+/// beside the shipped one and names it in $PROFILERD_FAULT_BIN; without
+/// that (one test file run by hand), it is built here, once per test run,
+/// in a target directory of its own (building it in target/ would replace
+/// the shipped binary under the other tests' feet).
 pub fn fault_injection_bin() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {

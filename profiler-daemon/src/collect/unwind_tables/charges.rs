@@ -9,7 +9,7 @@
 //! their users. An owner may place tables beyond its share while there is
 //! free room; when there is none, a placement may evict:
 //! - tables no tracked process maps any more, and tables charged to the
-//!   placing owner alone: the least useful first, and only those less than
+//!   placing owner alone: the least useful per chunk of room first, and only those less than
 //!   half as useful as the newcomer (between equals, as before);
 //! - if the placing owner stays within its share, tables whose every other
 //!   owner is over its share (reclaimed, whatever their use: the owner over
@@ -123,41 +123,61 @@ impl Charges {
     }
 }
 
-/// The table to evict among `candidates` (key, verdict, usage): reclaimed
-/// room first (the least useful of it), then the least useful of the rest
-/// if less than half as useful as `worth` (tables of about equal use must
-/// not take turns evicting each other). Returns the key and the reason.
+/// A loaded table that might make room.
+#[derive(Clone, Copy, Debug)]
+pub struct Candidate<K> {
+    pub key: K,
+    pub verdict: Verdict,
+    /// Its samples (see [`super::usage`]).
+    pub usage: f64,
+    /// The room it holds.
+    pub chunks: u32,
+}
+
+impl<K> Candidate<K> {
+    /// Samples per chunk of room: what keeping it buys. A table of 100 rows
+    /// under a busy program must not go for one a hundred times its size
+    /// that is only twice as used (it frees one chunk of the hundred).
+    fn density(&self) -> f64 {
+        self.usage / f64::from(self.chunks.max(1))
+    }
+}
+
+/// The table to evict among `candidates` for a newcomer of `need` chunks
+/// with `worth` samples: reclaimed room first (the least useful per chunk of
+/// it), then the least useful per chunk of the rest, if less than half as
+/// useful per chunk as the newcomer (tables of about equal use must not take
+/// turns evicting each other). Returns the key and the reason.
 pub fn choose<K: Copy>(
-    candidates: impl IntoIterator<Item = (K, Verdict, f64)>,
+    candidates: impl IntoIterator<Item = Candidate<K>>,
     worth: f64,
+    need: u32,
 ) -> Option<(K, usize)> {
     let mut reclaim: Option<(K, f64)> = None;
     let mut useful: Option<(K, usize, f64)> = None;
-    for (key, verdict, usage) in candidates {
-        match verdict {
-            Verdict::Reclaim => {
-                if reclaim.is_none_or(|(_, least)| usage < least) {
-                    reclaim = Some((key, usage));
-                }
-            }
-            Verdict::ReclaimIfIdle if usage < IDLE_USAGE => {
-                if reclaim.is_none_or(|(_, least)| usage < least) {
-                    reclaim = Some((key, usage));
-                }
-            }
+    for candidate in candidates {
+        let density = candidate.density();
+        let reclaimable = match candidate.verdict {
+            Verdict::Reclaim => true,
+            Verdict::ReclaimIfIdle => candidate.usage < IDLE_USAGE,
             Verdict::IfLessUseful(reason) => {
-                if useful.is_none_or(|(_, _, least)| usage < least) {
-                    useful = Some((key, reason, usage));
+                if useful.is_none_or(|(_, _, least)| density < least) {
+                    useful = Some((candidate.key, reason, density));
                 }
+                false
             }
-            Verdict::ReclaimIfIdle | Verdict::Kept => {}
+            Verdict::Kept => false,
+        };
+        if reclaimable && reclaim.is_none_or(|(_, least)| density < least) {
+            reclaim = Some((candidate.key, density));
         }
     }
     if let Some((key, _)) = reclaim {
         return Some((key, RECLAIMED));
     }
+    let newcomer = worth / f64::from(need.max(1));
     useful
-        .filter(|&(_, _, usage)| usage * 2.0 < worth)
+        .filter(|&(_, _, density)| density * 2.0 < newcomer)
         .map(|(key, reason, _)| (key, reason))
 }
 
@@ -168,6 +188,16 @@ mod tests {
     const ROOT: Owner = Owner::Privileged;
     const ALICE: Owner = Owner::User(1001);
     const BOB: Owner = Owner::User(1002);
+
+    /// A candidate of one chunk.
+    fn c(key: u32, verdict: Verdict, usage: f64) -> Candidate<u32> {
+        Candidate {
+            key,
+            verdict,
+            usage,
+            chunks: 1,
+        }
+    }
 
     /// 100 chunks, 50 per user.
     fn charges(used: &[(Owner, u64)], placing: Owner, need: u64) -> Charges {
@@ -192,11 +222,15 @@ mod tests {
         assert_eq!(alice.verdict(&[]), Verdict::IfLessUseful(EVICTED_UNUSED));
         // Even the most useful newcomer evicts only her own, never root's idle table.
         let candidates = [
-            (1, alice.verdict(&[ROOT]), 0.0),
-            (2, alice.verdict(&[ALICE]), 5.0),
+            c(1, alice.verdict(&[ROOT]), 0.0),
+            c(2, alice.verdict(&[ALICE]), 5.0),
         ];
-        assert_eq!(choose(candidates, 1e9), Some((2, EVICTED_OWN)));
-        assert_eq!(choose([(1, alice.verdict(&[ROOT]), 0.0)], 1e9), None, "refused");
+        assert_eq!(choose(candidates, 1e9, 1), Some((2, EVICTED_OWN)));
+        assert_eq!(
+            choose([c(1, alice.verdict(&[ROOT]), 0.0)], 1e9, 1),
+            None,
+            "refused"
+        );
     }
 
     #[test]
@@ -207,11 +241,11 @@ mod tests {
         assert_eq!(root.verdict(&[ROOT, ALICE]), Verdict::Reclaim);
         // A root burst is worth little between bursts; the user's busy table much more.
         let candidates = [
-            (1, root.verdict(&[ALICE]), 500.0),
-            (2, root.verdict(&[ALICE]), 300.0),
+            c(1, root.verdict(&[ALICE]), 500.0),
+            c(2, root.verdict(&[ALICE]), 300.0),
         ];
         assert_eq!(
-            choose(candidates, 1.0),
+            choose(candidates, 1.0, 1),
             Some((2, RECLAIMED)),
             "the least useful of it"
         );
@@ -241,9 +275,9 @@ mod tests {
         let verdict = alice.verdict(&[ROOT]);
         assert_eq!(verdict, Verdict::ReclaimIfIdle);
         // A root process in bursts: little use between them, but some.
-        assert_eq!(choose([(1, verdict, 0.5)], 1e9), None);
+        assert_eq!(choose([c(1, verdict, 0.5)], 1e9, 1), None);
         assert_eq!(
-            choose([(1, verdict, 0.5), (2, verdict, 0.0)], 1.0),
+            choose([c(1, verdict, 0.5), c(2, verdict, 0.0)], 1.0, 1),
             Some((2, RECLAIMED))
         );
         let root_within = charges(&[(ROOT, 40), (ALICE, 5)], ALICE, 5);
@@ -254,8 +288,12 @@ mod tests {
     fn between_equals_usefulness_decides_as_before() {
         let alice = charges(&[(ALICE, 70)], ALICE, 10);
         let verdict = alice.verdict(&[ALICE]);
-        assert_eq!(choose([(1, verdict, 10.0)], 15.0), None, "not twice as useful");
-        assert_eq!(choose([(1, verdict, 10.0)], 25.0), Some((1, EVICTED_OWN)));
+        assert_eq!(
+            choose([c(1, verdict, 10.0)], 15.0, 1),
+            None,
+            "not twice as useful"
+        );
+        assert_eq!(choose([c(1, verdict, 10.0)], 25.0, 1), Some((1, EVICTED_OWN)));
     }
 
     #[test]
@@ -264,5 +302,27 @@ mod tests {
         assert_eq!(root.verdict(&[ALICE]), Verdict::Reclaim);
         root.evicted(&[ALICE], 10);
         assert_eq!(root.verdict(&[ALICE]), Verdict::Kept, "at her share now");
+    }
+
+    #[test]
+    fn a_small_busy_table_outweighs_a_large_newcomer_used_a_little_more() {
+        // A 1-chunk table of a busy program (150 samples) against a library
+        // of 40 chunks with 233: the library is worth 6 samples a chunk.
+        let own = Verdict::IfLessUseful(EVICTED_OWN);
+        let small = Candidate {
+            key: 1,
+            verdict: own,
+            usage: 150.0,
+            chunks: 1,
+        };
+        assert_eq!(choose([small], 233.0, 40), None);
+        // A large table barely used goes for it.
+        let large = Candidate {
+            key: 2,
+            verdict: own,
+            usage: 20.0,
+            chunks: 60,
+        };
+        assert_eq!(choose([small, large], 233.0, 40), Some((2, EVICTED_OWN)));
     }
 }

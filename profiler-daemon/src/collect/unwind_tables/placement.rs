@@ -1,6 +1,6 @@
 //! Where tables go in the rows map: free chunks first, then room made by
 //! evicting tables the placing owner may evict (see [`super::charges`]),
-//! the least useful first.
+//! the least useful per chunk of room first.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -12,7 +12,7 @@ use profiler_common::{UNWIND_ROWS_PER_CHUNK, UnwindRow, UnwindRowChunk, UnwindTa
 
 use super::{
     FileId, TableCompiler, TableManager, TableState,
-    charges::{self, Charges},
+    charges::{self, Candidate, Charges},
 };
 use crate::{error::Chain, shares::Owner};
 
@@ -68,7 +68,7 @@ impl<C: TableCompiler> TableManager<C> {
                 break first;
             }
             let (charges, owners) = charged.get_or_insert_with(|| self.charges(placing, chunks));
-            if !self.evict_one(protected, worth, charges, owners) {
+            if !self.evict_one(protected, (worth, chunks), charges, owners) {
                 // Nothing it may evict (all more useful, or others' within
                 // their shares): try again later.
                 self.stats.lose(&[placing], charges::REFUSED);
@@ -143,11 +143,12 @@ impl<C: TableCompiler> TableManager<C> {
     }
 
     /// Evicts the loaded table outside `protected` that [`charges::choose`]
-    /// picks for a newcomer worth `worth`; false if there is none.
+    /// picks for a newcomer of (samples, chunks) `newcomer`; false if there
+    /// is none.
     fn evict_one(
         &mut self,
         protected: &HashSet<FileId>,
-        worth: f64,
+        newcomer: (f64, u32),
         charges: &mut Charges,
         owners: &FileOwners,
     ) -> bool {
@@ -155,14 +156,21 @@ impl<C: TableCompiler> TableManager<C> {
         let candidates = self
             .files
             .iter()
-            .filter(|(id, table)| {
-                matches!(table.state, TableState::Loaded { .. }) && !protected.contains(*id)
-            })
-            .map(|(id, _)| {
+            .filter(|(id, _)| !protected.contains(*id))
+            .filter_map(|(id, table)| {
+                let TableState::Loaded { chunks, .. } = table.state else {
+                    return None;
+                };
                 let table_owners = owners.get(id).map_or(unowned, Vec::as_slice);
-                (*id, charges.verdict(table_owners), self.usage_of(id))
+                Some(Candidate {
+                    key: *id,
+                    verdict: charges.verdict(table_owners),
+                    usage: self.usage_of(id),
+                    chunks,
+                })
             });
-        let Some((victim, reason)) = charges::choose(candidates, worth) else {
+        let (worth, need) = newcomer;
+        let Some((victim, reason)) = charges::choose(candidates, worth, need) else {
             return false;
         };
         let Some(table) = self.files.get_mut(&victim) else {

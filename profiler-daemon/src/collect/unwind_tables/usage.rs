@@ -1,7 +1,7 @@
 //! How useful each file's table is: the samples whose user stacks went
 //! through the file, halved at every drain. Tables are loaded most useful
-//! first and evicted least useful first; a table never evicts one that is
-//! more useful than itself.
+//! first and evicted least useful per chunk of room first; a table never
+//! evicts one that is more useful per chunk than itself.
 
 use std::{collections::HashMap, hash::Hash, sync::Arc};
 
