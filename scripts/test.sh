@@ -128,10 +128,15 @@ mapfile -t alone < <(
     done
 )
 
-# The daemon crate's own test files (profiler-daemon/tests/*.rs).
+# The daemon crate's own test files (profiler-daemon/tests/*.rs, and
+# tests/NAME/main.rs: cargo's test targets of more than one file).
 mapfile -t daemon_files < <(
-    for file in profiler-daemon/tests/*.rs; do
-        name="$(basename "$file" .rs)"
+    for file in profiler-daemon/tests/*.rs profiler-daemon/tests/*/main.rs; do
+        [ -f "$file" ] || continue
+        case "$file" in
+            */main.rs) name="$(basename "$(dirname "$file")")" ;;
+            *) name="$(basename "$file" .rs)" ;;
+        esac
         as_args "$name"
     done
 )

@@ -16,7 +16,7 @@
 //!
 //! [`push`] sends windows of the store to a fleet's profile store
 //! (Pyroscope, Parca). [`pipeline`] wires the stages together; [`supervise`] makes the end of
-//! any of them the end of the daemon.
+//! any of them the end of the daemon. `docs/architecture.md` draws it.
 
 pub mod cgroup;
 pub mod cli;

@@ -301,7 +301,7 @@ impl Pipeline {
     }
 
     /// Drains the sampler now; returns, once the drained samples are
-    /// queryable, the drain's time (Unix ms) — see [`crate::store::Window::between_drains`].
+    /// queryable, the drain's time (Unix ms) — see [`crate::profile::Window::between_drains`].
     pub async fn drain_now(&self) -> Result<u64, PipelineError> {
         let (ack, done) = oneshot::channel();
         self.drain_tx

@@ -8,8 +8,10 @@ use crate::{
     cli::{Format, RecordArgs},
     kind::ProfileType,
     pipeline::{Pipeline, PipelineError, PipelineOptions, PipelineStatus},
+    profile::Filter,
+    profile::Window,
     profile::{Profile, flamegraph, folded, pprof},
-    store::{Filter, Query, StoreConfig, Visible, Window},
+    store::{Query, StoreConfig, Visible},
     supervise::Supervisor,
 };
 

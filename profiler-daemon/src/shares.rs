@@ -12,9 +12,8 @@
 
 use std::collections::BTreeMap;
 
-use crate::collect::ReadableBy;
-
-/// Whose part a table or a sample is charged to.
+/// Whose part a table or a sample is charged to (a process's: see
+/// `collect::ReadableBy`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Owner {
     /// Root, or an owner the daemon could not tell (treated as the system).
@@ -23,15 +22,6 @@ pub enum Owner {
 }
 
 impl Owner {
-    /// A process charges the user who may read it; set-uid programs and
-    /// those whose owner could not be read charge the privileged part.
-    pub fn of(readable_by: ReadableBy) -> Self {
-        match readable_by {
-            ReadableBy::Privileged | ReadableBy::User(0) => Owner::Privileged,
-            ReadableBy::User(uid) => Owner::User(uid),
-        }
-    }
-
     /// The `uid` label of the loss metrics.
     pub fn label(self) -> String {
         match self {
@@ -135,14 +125,6 @@ impl<const N: usize> Losses<N> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn root_and_unknown_owners_are_privileged_every_other_uid_a_user() {
-        assert_eq!(Owner::of(ReadableBy::Privileged), Owner::Privileged);
-        assert_eq!(Owner::of(ReadableBy::User(0)), Owner::Privileged);
-        assert_eq!(Owner::of(ReadableBy::User(999)), Owner::User(999));
-        assert_eq!(Owner::of(ReadableBy::User(1000)), Owner::User(1000));
-    }
 
     #[test]
     fn a_users_share_is_a_percentage_and_the_rest_is_privileged() {

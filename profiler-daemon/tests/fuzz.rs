@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use profilerd::{
     kind::{ProfileType, SampleKind},
-    profile::{Profile, flamegraph, pprof, top},
+    profile::Filter,
+    profile::{Profile, Window, flamegraph, pprof, top},
     serve::params::{Limits, Span, parse_go_profile, parse_pprof, parse_with_options},
-    store::{Filter, Window},
     symbolize::{FrameKind, Function, Line, Location, Mapping, SymbolizedSample, SymbolizedStack},
 };
 use proptest::prelude::*;

@@ -14,6 +14,7 @@
 mod off_cpu;
 mod python;
 mod unwind;
+mod walk;
 
 use aya_ebpf::{
     EbpfContext, Global,
@@ -32,7 +33,8 @@ use profiler_common::{
     SPILLED_STACK_ID_BASE, SampleKey, SampleValue, SpilledSample, UnwoundStack, maps::*, sample_kind,
     unwind_mode,
 };
-use unwind::{UNWIND_PROCESSES, Walk};
+use unwind::UNWIND_PROCESSES;
+use walk::Walk;
 
 const EEXIST: i32 = 17;
 const EFAULT: i32 = 14;

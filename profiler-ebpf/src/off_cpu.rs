@@ -141,7 +141,7 @@ fn switched_out(ctx: &RawTracePointContext, now: u64, generation: u32) {
 #[derive(Clone, Copy)]
 enum UserWalk {
     FramePointers,
-    Walked(Option<*mut unwind::Walk>),
+    Walked(Option<*mut crate::walk::Walk>),
 }
 
 /// The ids of the current thread's (user, kernel) stacks in `buffer`.

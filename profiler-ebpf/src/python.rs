@@ -30,10 +30,7 @@ use profiler_common::{
     },
 };
 
-use crate::{
-    add, bump,
-    unwind::{FNV_PRIME, Walk},
-};
+use crate::{add, bump, walk::Walk};
 
 /// tgid -> where its interpreter is; written by the daemon before the
 /// process's unwind entry, removed at exec and exit.
@@ -158,7 +155,7 @@ pub fn frame_step(walk: &mut Walk, python: &PythonProcess) {
     announce_code(code);
     walk.stack.frames[len] = slot;
     walk.stack.len = len as u32 + 1;
-    walk.stack.hash = (walk.stack.hash ^ slot).wrapping_mul(FNV_PRIME);
+    walk.mix(slot);
     walk.py_frames += 1;
     walk.py_frame = previous;
     walk.flags |= PY_EMITTED;

@@ -19,12 +19,13 @@ use aya_ebpf::{
 };
 use profiler_common::{
     CfaRule, Counter, MAX_STACK_DEPTH, MAX_UNWIND_MAPPINGS, RbpRule, UNWIND_ROWS_PER_CHUNK, UnwindEnd,
-    UnwindProcess, UnwindRow, UnwindRowChunk, UnwindTableRange, UnwoundStack, maps::*, python::PythonProcess,
+    UnwindProcess, UnwindRow, UnwindRowChunk, UnwindTableRange, maps::*, python::PythonProcess,
 };
 
 use crate::{
     add, bump,
     python::{self, PY_BATCH, PY_SKIP_PUSH},
+    walk::{self, FNV_OFFSET, Walk},
 };
 
 #[map]
@@ -51,9 +52,6 @@ const EXACT_IP: u64 = 1;
 /// rbp was saved in a way the walk cannot follow: it is unknown from here on.
 const BP_UNKNOWN: u64 = 2;
 
-const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
-pub(crate) const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
-
 /// Offsets in the kernel's signal frame at `__restore_rt`: rsp points at
 /// the ucontext, whose mcontext (struct sigcontext) starts 40 bytes in.
 const UC_RBP: u64 = 40 + 10 * 8;
@@ -78,28 +76,6 @@ struct CachedRow {
 #[repr(C)]
 struct RowCache {
     entries: [CachedRow; ROW_CACHE_SIZE],
-}
-
-/// Per-CPU scratch of one walk; its `stack` is what gets stored.
-#[repr(C)]
-pub struct Walk {
-    pub stack: UnwoundStack,
-    ip: u64,
-    sp: u64,
-    bp: u64,
-    /// EXACT_IP, BP_UNKNOWN, and the Python walk's `PY_*` bits.
-    pub flags: u64,
-    /// Frames taken through a table row / a frame pointer, added to the
-    /// counters once per walk rather than once per frame.
-    table_frames: u64,
-    pointer_frames: u64,
-    /// Index of the mapping the previous frame was in.
-    mapping_hint: u64,
-    /// The next Python frame to record (see `python`); 0: none.
-    pub py_frame: u64,
-    /// Python frames recorded, and how the Python part ended.
-    pub py_frames: u64,
-    pub py_end: u64,
 }
 
 /// What a `bpf_loop` step needs; lives on the sampler's stack.
@@ -182,7 +158,7 @@ pub fn walk_user_stack(registers: Option<(u64, u64, u64)>, tgid: u32) -> Option<
         add(Counter::UnwindTableFrames, (*walk).table_frames);
         add(Counter::UnwindFramePointerFrames, (*walk).pointer_frames);
     }
-    stack.hash = (stack.hash ^ u64::from(end)).wrapping_mul(FNV_PRIME);
+    stack.hash = walk::mix(stack.hash, u64::from(end));
     // A multiply carries differences only upwards: fold the high half in,
     // so the stack's id (the low bits) tells apart stacks that differ only
     // in high bits (a Python frame's instruction and key, see python.rs).
@@ -287,7 +263,7 @@ fn step_frame(
         }
         walk.stack.frames[len] = ip;
         walk.stack.len = len as u32 + 1;
-        walk.stack.hash = (walk.stack.hash ^ ip).wrapping_mul(FNV_PRIME);
+        walk.mix(ip);
     }
     walk.flags &= !PY_SKIP_PUSH;
 

@@ -14,64 +14,17 @@ use profiler_common::{
     SpilledSample, UnwoundStack, Wait, maps, sample_kind,
 };
 
-use super::{CollectError, batch, off_cpu::WaitTracker};
+use super::{
+    CollectError, batch,
+    clock::monotonic_now_ns,
+    off_cpu::WaitTracker,
+    raw::{BpfCounters, RawBatch, RawSample},
+};
 
 /// A perf_event program runs to completion in interrupt context in
 /// microseconds; this grace period also covers a vCPU being descheduled by
 /// the hypervisor mid-program. It only delays the drain thread, costs no CPU.
 const FLIP_GRACE: Duration = Duration::from_millis(10);
-
-/// One (kind, thread, process instance, stacks) entry of a drained buffer;
-/// `key.kind` says what the values measure (see SampleValue).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RawSample {
-    pub key: SampleKey,
-    /// Samples, or waits.
-    pub count: u64,
-    /// Nanoseconds of CPU, or of waiting.
-    pub ns: u64,
-}
-
-/// Cumulative BPF counters, summed over CPUs, indexed by `Counter as usize`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct BpfCounters(pub [u64; Counter::COUNT as usize]);
-
-impl Default for BpfCounters {
-    fn default() -> Self {
-        Self([0; Counter::COUNT as usize])
-    }
-}
-
-impl BpfCounters {
-    pub fn get(&self, counter: Counter) -> u64 {
-        self.0[counter as usize]
-    }
-
-    /// Sum of every failure counter.
-    pub fn errors(&self) -> u64 {
-        Counter::ALL
-            .iter()
-            .filter(|counter| counter.is_error())
-            .map(|&counter| self.get(counter))
-            .sum()
-    }
-}
-
-/// What one drain read: raw addresses, not yet symbolized.
-#[derive(Debug, Default)]
-pub struct RawBatch {
-    pub samples: Vec<RawSample>,
-    /// Stack id -> instruction pointers, leaf first.
-    pub user_stacks: StdHashMap<u32, Arc<[u64]>>,
-    pub kernel_stacks: StdHashMap<u32, Arc<[u64]>>,
-    pub counters: BpfCounters,
-    /// Map read errors skipped during this drain.
-    pub read_errors: u64,
-    /// How many of `samples` came through the spill ring.
-    pub spilled: usize,
-    /// Off-CPU waits whose stacks were gone (counted, kept without them).
-    pub wait_stacks_lost: u64,
-}
 
 /// Where the sampler puts user stacks: the kernel's stack-trace maps
 /// (frame-pointer mode), or its own walk's unwound-stacks maps.
@@ -156,7 +109,7 @@ impl Drainer {
                 name: maps::CONTROL,
                 source,
             })?;
-        let flipped_ns = super::sampler::monotonic_now_ns();
+        let flipped_ns = monotonic_now_ns();
         self.generation = next;
         std::thread::sleep(FLIP_GRACE);
 

@@ -8,22 +8,25 @@
 
 mod batch;
 mod btf;
+mod clock;
 mod drain;
 mod mapped_file;
 mod off_cpu;
 mod proc_maps;
 mod process_snapshot;
+mod raw;
 mod readable;
 mod sampler;
 pub mod unwind_tables;
 mod watcher;
 
-pub use drain::{BpfCounters, Drainer, RawBatch, RawSample};
+pub use drain::Drainer;
 pub use mapped_file::{
     DEFAULT_MAX_OPEN_FILES, FileKey, FileVersion, MappedFile, OpenFileStats, OpenFiles, Refusal,
 };
 pub use proc_maps::{MapsLine, parse_maps_line};
 pub use process_snapshot::{MAX_FILES_PER_PROCESS, ProcessSnapshot, SnapshotMapping, SnapshotReader};
+pub use raw::{BpfCounters, RawBatch, RawSample};
 pub use readable::{ReadableBy, readable_by, readable_by_status};
 pub use sampler::{MapSizes, OffCpuOptions, Sampler, SamplerOptions, UnwindMaps, UnwindMode};
 pub use watcher::{ProcessNotice, ProcessWatcher, WatcherStats};

@@ -23,7 +23,7 @@ use std::{
 
 use profiler_common::{SPILLED_STACK_ID_BASE, SampleKey, Wait};
 
-use super::drain::{RawBatch, RawSample};
+use super::raw::{RawBatch, RawSample};
 
 /// Stack ids the tracker gives kept stacks in a batch; spilled ones count
 /// up from SPILLED_STACK_ID_BASE, far below this.

@@ -16,6 +16,8 @@ use std::{
     },
 };
 
+use crate::shares::Owner;
+
 /// Who, besides those who see every process (root, the access group, a
 /// bearer token), may read a process's samples.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -28,6 +30,17 @@ pub enum ReadableBy {
     /// itself undumpable or changed credentials, one with capabilities, or
     /// one whose credentials could not be read (it exited first).
     Privileged,
+}
+
+/// A process charges the user who may read it; set-uid programs and those
+/// whose owner could not be read charge the privileged part.
+impl From<ReadableBy> for Owner {
+    fn from(readable_by: ReadableBy) -> Self {
+        match readable_by {
+            ReadableBy::Privileged | ReadableBy::User(0) => Owner::Privileged,
+            ReadableBy::User(uid) => Owner::User(uid),
+        }
+    }
 }
 
 /// The credentials /proc/PID/status shows, as far as the rule needs them.
@@ -162,6 +175,14 @@ mod tests {
     use super::*;
 
     const USER: u32 = 1002;
+
+    #[test]
+    fn root_and_unknown_owners_are_privileged_every_other_uid_a_user() {
+        assert_eq!(Owner::from(ReadableBy::Privileged), Owner::Privileged);
+        assert_eq!(Owner::from(ReadableBy::User(0)), Owner::Privileged);
+        assert_eq!(Owner::from(ReadableBy::User(999)), Owner::User(999));
+        assert_eq!(Owner::from(ReadableBy::User(1000)), Owner::User(1000));
+    }
 
     fn credentials(uids: [u32; 3], gids: [u32; 3], permitted: u64) -> Credentials {
         Credentials {

@@ -13,7 +13,7 @@ use profiler_common::{
     programs, python::PythonProcess, unwind_mode,
 };
 
-use super::{CollectError, Drainer, btf, drain::UserStackMaps};
+use super::{CollectError, Drainer, btf, clock::monotonic_now_ns, drain::UserStackMaps};
 use crate::error::Chain;
 
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler-ebpf"));
@@ -395,17 +395,6 @@ fn take_drainer(ebpf: &mut Ebpf, unwound: bool) -> Result<Drainer, CollectError>
         counters,
         spilled,
     ))
-}
-
-/// CLOCK_MONOTONIC now, the clock bpf_ktime_get_ns() and task start times use.
-pub(super) fn monotonic_now_ns() -> u64 {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
-    (now.tv_sec as u64) * 1_000_000_000 + now.tv_nsec as u64
 }
 
 /// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK: lift it so they

@@ -5,10 +5,7 @@ use std::io;
 use inferno::flamegraph::{self, Direction, Options, color::MultiPalette};
 
 use super::{Profile, folded};
-use crate::{
-    kind::ProfileType,
-    store::{Filter, Window},
-};
+use crate::{kind::ProfileType, profile::Filter, profile::Window};
 
 /// Writes `profile` as an SVG flame graph (an icicle graph if `icicle`).
 /// Kernel frames (`_[k]`) are orange, C++/Rust `::` names yellow, others red.

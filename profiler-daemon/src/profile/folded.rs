@@ -52,7 +52,7 @@ mod tests {
     use super::*;
     use crate::{
         kind::{ProfileType, SampleKind},
-        store::Window,
+        profile::Window,
         symbolize::{Function, Line, Location, SymbolizedStack},
     };
 

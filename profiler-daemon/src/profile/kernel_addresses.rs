@@ -64,7 +64,7 @@ mod tests {
     use crate::{
         collect::ReadableBy,
         kind::{ProfileType, SampleKind},
-        store::Window,
+        profile::Window,
         symbolize::{Location, Mapping, SymbolizedSample},
     };
 

@@ -1,13 +1,18 @@
 //! Stage 4's input: a [`Profile`] (what the store answers) and the formats it
 //! is written in.
 
+mod filter;
 pub mod flamegraph;
 pub mod folded;
 mod kernel_addresses;
 pub mod pprof;
 pub mod top;
+mod window;
 
-use crate::{kind::ProfileType, store::Window, symbolize::SymbolizedSample};
+pub use filter::Filter;
+pub use window::Window;
+
+use crate::{kind::ProfileType, symbolize::SymbolizedSample};
 
 /// Samples aggregated over a window, one per distinct
 /// (pid, tid, comm, thread name, stack).

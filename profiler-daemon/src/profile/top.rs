@@ -141,7 +141,7 @@ mod tests {
     use super::*;
     use crate::{
         kind::{ProfileType, SampleKind},
-        store::Window,
+        profile::Window,
         symbolize::{Function, Line, Location, SymbolizedSample, SymbolizedStack},
     };
 

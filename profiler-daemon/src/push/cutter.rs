@@ -10,7 +10,9 @@ use super::{Backend, CommonLabels, TargetStats, encode, spool::Queued};
 use crate::{
     kind::ProfileType,
     pipeline::Pipeline,
-    store::{Filter, Query, Visible, Window},
+    profile::Filter,
+    profile::Window,
+    store::{Query, Visible},
 };
 
 pub(super) struct Cutter {

@@ -17,7 +17,7 @@ use std::{
 
 use bytes::Bytes;
 
-use crate::store::Window;
+use crate::profile::Window;
 
 /// A request of a window waiting to be pushed (a window is one request,
 /// or for Pyroscope one per series).

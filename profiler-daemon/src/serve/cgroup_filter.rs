@@ -5,8 +5,8 @@
 
 use axum::http::StatusCode;
 
-use super::{HttpError, ServeState, handlers::store_closed, params::Quoted};
-use crate::store::{Filter, Visible};
+use super::{HttpError, ServeState, params::Quoted};
+use crate::{profile::Filter, store::Visible};
 
 /// Checks `filter`'s unit, cgroup and container parts and expands its
 /// container prefixes; a no-op for filters without them.
@@ -18,12 +18,7 @@ pub(super) async fn resolve(
     if !filter.by_cgroup() {
         return Ok(());
     }
-    let known = state
-        .pipeline
-        .store()
-        .cgroups(visible)
-        .await
-        .map_err(store_closed)?;
+    let known = state.pipeline.store().cgroups(visible).await?;
     let retention = state.max_seconds;
     let not_found = |what: String| {
         HttpError::new(

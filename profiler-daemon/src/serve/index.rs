@@ -1,47 +1,27 @@
-//! `GET /`: an HTML page of the processes sampled in the last N seconds (or
-//! in `start` to `end`), each linking to its views. Same filters, window, `type` and errors as
-//! `/pprof`.
+//! The page of `GET /` (its handler is in `views.rs`): the processes
+//! sampled in the last N seconds (or in `start` to `end`), each linking to
+//! its views.
 
 use std::{
     collections::{BTreeMap, HashMap},
     fmt::Write as _,
 };
 
-use axum::{
-    extract::{RawQuery, State},
-    response::Response,
-};
-
 use super::{
-    HttpError, ServeState,
-    access::Viewer,
-    handlers::recent,
-    params::{self, Span},
-    scrape::Format,
+    params::Span,
     threads::{self, ProcessReport},
 };
 use crate::{
     kind::ProfileType,
+    profile::Filter,
     profile::{
         Profile,
         flamegraph::{escape_xml, title},
     },
-    store::Filter,
 };
 
 /// Thread names listed in a row's tooltip; a pool of hundreds would make it useless.
 const MAX_THREAD_NAMES: usize = 20;
-
-pub(super) async fn index(
-    State(state): State<ServeState>,
-    Viewer(scope): Viewer,
-    RawQuery(query): RawQuery,
-) -> Result<Response, HttpError> {
-    let params = params::parse_pprof(query.as_deref(), &state.limits())?;
-    let span = params.span;
-    let off_cpu = state.pipeline.off_cpu();
-    recent(&state, params, scope, Format::Index { span, off_cpu }).await
-}
 
 /// The processes sampled in the window, busiest first (in the profile
 /// type's time), with links to switch type when off-CPU profiling is on.

@@ -39,7 +39,6 @@ use prometheus_client::{
 use super::{
     HttpError, ServeState,
     connections::{CloseReason, ConnectionStats},
-    handlers::store_closed,
 };
 use crate::{collect::MapSizes, pipeline::PipelineStatus, store::StoreStats};
 
@@ -75,7 +74,7 @@ pub(super) async fn metrics(
     State(state): State<ServeState>,
     headers: HeaderMap,
 ) -> Result<Response, HttpError> {
-    let store = state.pipeline.store().stats().await.map_err(store_closed)?;
+    let store = state.pipeline.store().stats().await?;
     let watcher = state.pipeline.watcher_stats();
     let snapshot = Snapshot {
         status: state.pipeline.status(),

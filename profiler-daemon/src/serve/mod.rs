@@ -26,6 +26,7 @@ mod index;
 pub mod listener;
 pub mod metrics;
 pub mod params;
+mod recent;
 pub mod scrape;
 mod stream;
 pub mod threads;
@@ -110,9 +111,9 @@ pub fn router(state: ServeState) -> Router {
         .route("/debug/pprof/profile", get(handlers::go_profile))
         .route("/debug/pprof/offcpu", get(handlers::go_offcpu))
         .route("/debug/pprof/wall", get(handlers::go_wall))
-        .route("/threads", get(threads::threads))
+        .route("/threads", get(views::threads))
         .route("/metrics", get(metrics::metrics))
-        .route("/", get(index::index))
+        .route("/", get(views::index))
         .route("/flamegraph.svg", get(views::flamegraph_svg))
         .route("/top", get(views::top_table))
         .route("/folded", get(views::folded_stacks));
@@ -174,6 +175,12 @@ impl HttpError {
     pub fn retry_after(mut self, seconds: u64) -> Self {
         self.retry_after = Some(seconds);
         self
+    }
+}
+
+impl From<crate::store::StoreClosed> for HttpError {
+    fn from(_: crate::store::StoreClosed) -> Self {
+        HttpError::new(StatusCode::SERVICE_UNAVAILABLE, "profilerd is shutting down")
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use crate::{cgroup, kind::ProfileType, store::Filter};
+use crate::{cgroup, kind::ProfileType, profile::Filter};
 
 mod window;
 pub use window::{Span, stored_part};

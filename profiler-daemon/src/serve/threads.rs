@@ -1,20 +1,12 @@
-//! `GET /threads`: CPU and off-CPU time per thread and per process over a
-//! window, as JSON. Same filters, window and errors as `/pprof`; `type` is
+//! The report of `GET /threads` (its handler is in `views.rs`): CPU and
+//! off-CPU time per thread and per process over a window, as JSON. `type` is
 //! accepted and ignored (both are always reported, off-CPU as 0 when off).
 
 use std::collections::BTreeMap;
 
-use axum::{
-    extract::{RawQuery, State},
-    response::Response,
-};
 use serde::Serialize;
 
-use super::{HttpError, ServeState, access::Viewer, handlers::recent, params, scrape::Format};
-use crate::{
-    kind::{ProfileType, SampleKind},
-    profile::Profile,
-};
+use crate::{kind::SampleKind, profile::Profile};
 
 #[derive(Debug, Serialize, PartialEq, Eq)]
 pub struct ThreadsReport {
@@ -93,22 +85,6 @@ impl Times {
         self.off_cpu_blocked_ns += other.off_cpu_blocked_ns;
         self.off_cpu_runnable_ns += other.off_cpu_runnable_ns;
     }
-}
-
-pub(super) async fn threads(
-    State(state): State<ServeState>,
-    Viewer(scope): Viewer,
-    RawQuery(query): RawQuery,
-) -> Result<Response, HttpError> {
-    let mut params = params::parse_pprof(query.as_deref(), &state.limits())?;
-    // Every kind: the report splits them.
-    params.profile_type = ProfileType::Wall;
-    recent(&state, params, scope, Format::Threads).await
-}
-
-/// The JSON of `/threads`.
-pub(super) fn render(profile: &Profile) -> std::io::Result<Vec<u8>> {
-    Ok(serde_json::to_vec(&report(profile))?)
 }
 
 /// Groups a profile's samples by process and thread, and by kind. A thread
@@ -198,7 +174,7 @@ mod tests {
 
     use super::*;
     use crate::{
-        store::Window,
+        profile::Window,
         symbolize::{SymbolizedSample, SymbolizedStack},
     };
 
@@ -240,7 +216,7 @@ mod tests {
                 end_ms: 6_000,
             },
             frequency: 99,
-            profile_type: ProfileType::Wall,
+            profile_type: crate::kind::ProfileType::Wall,
             samples: vec![
                 sample(Cpu, 1, 1, "main", 1, 10),
                 sample(OffCpuBlocked, 1, 1, "main", 4, 9_000),

@@ -1,7 +1,9 @@
-//! Views for people: a flame graph, a top table and folded stacks (the index
-//! page is in `index.rs`). Same filters, window, `type` and errors as
-//! `/pprof`; the rendering itself is in `profile/` and runs off the async
-//! workers. CPU views count samples; off-CPU and wall views nanoseconds.
+//! The endpoints of the views: a flame graph, a top table, folded stacks,
+//! the index page and the threads report. Same filters, window, `type` and
+//! errors as `/pprof`; each parses its options and asks [`recent`] for its
+//! [`Format`]; the bytes are written by `scrape::render` (with `index.rs`,
+//! `threads.rs` and `profile/`), off the async workers. CPU views count
+//! samples; off-CPU and wall views nanoseconds.
 
 use axum::{
     extract::{RawQuery, State},
@@ -11,32 +13,16 @@ use axum::{
 use super::{
     HttpError, ServeState,
     access::Viewer,
-    handlers::recent,
     params::{self, ParamError, Quoted},
+    recent::recent,
     scrape::Format,
-    threads::WindowReport,
 };
-use crate::{
-    profile::{Profile, flamegraph, folded, top},
-    store::Filter,
-};
+use crate::kind::ProfileType;
 
 /// Rows of `/top` unless `limit` says otherwise: a screenful and then some.
-const DEFAULT_TOP_LIMIT: usize = 50;
+pub(super) const DEFAULT_TOP_LIMIT: usize = 50;
 /// More rows than anyone reads; the bound keeps a typo from asking for 10^18.
-const MAX_TOP_LIMIT: usize = 100_000;
-
-/// `/top?format=json`.
-#[derive(serde::Serialize)]
-struct TopReport {
-    window: WindowReport,
-    /// `cpu`, `offcpu` or `wall`.
-    #[serde(rename = "type")]
-    profile_type: &'static str,
-    /// What `self` and `total` count: `samples` or `ns`.
-    unit: &'static str,
-    functions: Vec<top::FunctionCost>,
-}
+pub(super) const MAX_TOP_LIMIT: usize = 100_000;
 
 fn invalid(name: &'static str, value: &str, expected: &str) -> HttpError {
     ParamError::Invalid {
@@ -60,18 +46,6 @@ pub(super) async fn flamegraph_svg(
         Some(other) => return Err(invalid("icicle", other, "true or false")),
     };
     recent(&state, params, scope, Format::Flamegraph { icicle }).await
-}
-
-/// The SVG of `/flamegraph.svg`.
-pub(super) fn render_flamegraph(
-    profile: &Profile,
-    filter: &Filter,
-    icicle: bool,
-) -> std::io::Result<Vec<u8>> {
-    let title = flamegraph::title(profile.profile_type, filter, &profile.window);
-    let mut out = Vec::new();
-    flamegraph::write(profile, &title, icicle, &mut out)?;
-    Ok(out)
 }
 
 /// `GET /top`: `format=text|json`, `limit=N`.
@@ -99,31 +73,6 @@ pub(super) async fn top_table(
     recent(&state, params, scope, Format::Top { json, limit }).await
 }
 
-/// The body and type of `/top`.
-pub(super) fn render_top(
-    profile: &Profile,
-    json: bool,
-    limit: usize,
-) -> std::io::Result<(Vec<u8>, &'static str)> {
-    let functions = top::top(profile, limit);
-    if json {
-        let report = TopReport {
-            window: WindowReport {
-                start_ms: profile.window.start_ms,
-                end_ms: profile.window.end_ms,
-            },
-            profile_type: profile.profile_type.name(),
-            unit: profile.value_unit(),
-            functions,
-        };
-        return Ok((serde_json::to_vec(&report)?, "application/json"));
-    }
-    Ok((
-        top::table(profile, &functions).into_bytes(),
-        "text/plain; charset=utf-8",
-    ))
-}
-
 /// Digits only, as the other numeric parameters.
 fn parse_limit(value: &str) -> Option<usize> {
     if value.is_empty() || !value.bytes().all(|byte| byte.is_ascii_digit()) {
@@ -145,11 +94,28 @@ pub(super) async fn folded_stacks(
     recent(&state, params, scope, Format::Folded).await
 }
 
-/// The text of `/folded`.
-pub(super) fn render_folded(profile: &Profile) -> std::io::Result<Vec<u8>> {
-    let mut out = Vec::new();
-    folded::write(profile, &mut out)?;
-    Ok(out)
+/// `GET /`: the index page (see `index.rs`).
+pub(super) async fn index(
+    State(state): State<ServeState>,
+    Viewer(scope): Viewer,
+    RawQuery(query): RawQuery,
+) -> Result<Response, HttpError> {
+    let params = params::parse_pprof(query.as_deref(), &state.limits())?;
+    let span = params.span;
+    let off_cpu = state.pipeline.off_cpu();
+    recent(&state, params, scope, Format::Index { span, off_cpu }).await
+}
+
+/// `GET /threads`: the report of `threads.rs`, as JSON.
+pub(super) async fn threads(
+    State(state): State<ServeState>,
+    Viewer(scope): Viewer,
+    RawQuery(query): RawQuery,
+) -> Result<Response, HttpError> {
+    let mut params = params::parse_pprof(query.as_deref(), &state.limits())?;
+    // Every kind: the report splits them.
+    params.profile_type = ProfileType::Wall;
+    recent(&state, params, scope, Format::Threads).await
 }
 
 #[cfg(test)]

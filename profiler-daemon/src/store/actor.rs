@@ -5,7 +5,8 @@ use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Query, Store, StoreStats, Visible, Window};
+use super::{Query, Store, StoreStats, Visible};
+use crate::profile::Window;
 use crate::{cgroup::Cgroup, kind::ProfileType, profile::Profile, symbolize::SymbolizedSample};
 
 #[derive(Debug, thiserror::Error)]

@@ -19,13 +19,13 @@ mod stacks;
 use std::{collections::HashMap, collections::VecDeque, sync::Arc, time::Duration};
 
 pub use actor::{StoreClosed, StoreHandle, spawn};
-pub use query::{Filter, Query, Visible, Window};
+pub use query::{Query, Visible};
 
 use crate::{
     cgroup::Cgroup,
     collect::ReadableBy,
     kind::{ProfileType, SampleKind},
-    profile::Profile,
+    profile::{Profile, Window},
     shares::{DEFAULT_USER_SHARE_PERCENT, Owner, Shares},
     symbolize::{SymbolizedSample, SymbolizedStack},
 };
@@ -168,7 +168,7 @@ impl Store {
         let mut batch_ids: HashMap<*const SymbolizedStack, StackId> = HashMap::new();
         for sample in samples {
             self.stats.samples_ingested += sample.count;
-            let owner = Owner::of(sample.readable_by);
+            let owner = Owner::from(sample.readable_by);
             let pointer = Arc::as_ptr(&sample.stack);
             let known = batch_ids
                 .get(&pointer)

@@ -102,7 +102,7 @@ impl Store {
         let mut count = 0;
         let mut stacks: Vec<StackId> = Vec::new();
         bucket.entries.retain(|key, totals| {
-            if Owner::of(key.readable_by) != victim {
+            if Owner::from(key.readable_by) != victim {
                 return true;
             }
             count += totals.count;
@@ -141,7 +141,7 @@ impl Store {
             if let Some(reason) = reason {
                 self.stats
                     .losses
-                    .add(Owner::of(key.readable_by), reason, value.count);
+                    .add(Owner::from(key.readable_by), reason, value.count);
             }
             self.release_stack(key.stack);
         }

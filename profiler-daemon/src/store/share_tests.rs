@@ -4,11 +4,11 @@
 use std::time::Duration;
 
 use super::{
-    Filter, LOSS_REASONS, Store, StoreConfig,
+    LOSS_REASONS, Store, StoreConfig,
     room::{OVER_SHARE, REFUSED, STORE_FULL},
     tests::{all, sample, stack},
 };
-use crate::{collect::ReadableBy, shares::Owner, symbolize::SymbolizedSample};
+use crate::{collect::ReadableBy, profile::Filter, shares::Owner, symbolize::SymbolizedSample};
 
 const ROOT_PID: u32 = 10;
 const STORMER_PID: u32 = 20;

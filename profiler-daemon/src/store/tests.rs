@@ -1,7 +1,10 @@
 use std::{sync::Arc, time::Duration};
 
 use super::*;
-use crate::symbolize::{FrameKind, Function, Line, Location, SymbolizedSample, SymbolizedStack};
+use crate::{
+    profile::Filter,
+    symbolize::{FrameKind, Function, Line, Location, SymbolizedSample, SymbolizedStack},
+};
 
 pub(super) fn stack(names: &[&str]) -> Arc<SymbolizedStack> {
     Arc::new(SymbolizedStack {

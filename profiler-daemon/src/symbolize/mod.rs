@@ -248,7 +248,7 @@ impl Symbolizer {
         else {
             return true;
         };
-        let owner = Owner::of(process.readable_by);
+        let owner = Owner::from(process.readable_by);
         let mut all_mapped = true;
         for (index, &ip) in stack.iter().enumerate() {
             if is_python_frame(ip) {

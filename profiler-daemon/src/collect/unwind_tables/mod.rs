@@ -339,7 +339,7 @@ impl<C: TableCompiler> TableManager<C> {
         };
         process.pending = false;
         let instance = process.instance;
-        let owner = Owner::of(process.snapshot.readable_by);
+        let owner = Owner::from(process.snapshot.readable_by);
         let process_samples = process.samples as f64;
         let mappings = process.snapshot.mappings.clone();
         let mut protected = HashSet::new();

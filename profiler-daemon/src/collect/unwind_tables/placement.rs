@@ -114,7 +114,7 @@ impl<C: TableCompiler> TableManager<C> {
     fn charges(&self, placing: Owner, need: u32) -> (Charges, FileOwners) {
         let mut owners: FileOwners = HashMap::new();
         for process in self.processes.values() {
-            let owner = Owner::of(process.snapshot.readable_by);
+            let owner = Owner::from(process.snapshot.readable_by);
             for file in process.snapshot.mappings.iter().filter_map(|m| m.file.as_ref()) {
                 let id = FileId {
                     key: file.key,

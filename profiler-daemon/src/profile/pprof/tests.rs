@@ -2,7 +2,7 @@ use std::{collections::HashSet, io::Read, sync::Arc};
 
 use super::*;
 use crate::{
-    store::Window,
+    profile::Window,
     symbolize::{FrameKind, Function, Line, Location, Mapping, SymbolizedSample, SymbolizedStack},
 };
 

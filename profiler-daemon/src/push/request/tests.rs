@@ -5,8 +5,8 @@ use prost::Message;
 use super::*;
 use crate::{
     kind::{ProfileType, SampleKind},
+    profile::Window,
     profile::pprof::proto,
-    store::Window,
     symbolize::{FrameKind, Function, Line, Location, SymbolizedSample, SymbolizedStack},
 };
 

@@ -4,7 +4,7 @@ use super::*;
 use crate::{
     cgroup::Cgroup,
     kind::{ProfileType, SampleKind},
-    store::Window,
+    profile::Window,
     symbolize::{FrameKind, Function, Line, Location},
 };
 

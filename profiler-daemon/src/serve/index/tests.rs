@@ -2,7 +2,7 @@ use std::sync::Arc;
 
 use super::*;
 use crate::{
-    store::Window,
+    profile::Window,
     symbolize::{SymbolizedSample, SymbolizedStack},
 };
 

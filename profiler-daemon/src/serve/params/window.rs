@@ -4,7 +4,7 @@
 use std::fmt;
 
 use super::{Limits, ParamError, Quoted, parse_decimal};
-use crate::store::Window;
+use crate::profile::Window;
 
 /// Go's net/http/pprof profiles this long when `seconds` is missing or invalid.
 const GO_DEFAULT_SECONDS: u64 = 30;

@@ -164,8 +164,9 @@ impl Answers {
 mod tests {
     use super::*;
     use crate::{
+        profile::Filter,
+        profile::Window,
         serve::{access::Scope, scrape::key::Format},
-        store::{Filter, Window},
     };
 
     fn key(end_ms: u64, pid: u32) -> ShareKey {

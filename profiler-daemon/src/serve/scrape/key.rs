@@ -2,8 +2,9 @@
 
 use crate::{
     kind::ProfileType,
+    profile::Filter,
+    profile::Window,
     serve::{access::Scope, params::Span},
-    store::{Filter, Window},
 };
 
 /// How an answer is written; part of the key, since each is its own bytes.

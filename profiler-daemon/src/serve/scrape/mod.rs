@@ -33,7 +33,7 @@ use self::{
     key::ShareKey,
 };
 pub use self::{answers::Answer, key::Format};
-use super::{HttpError, handlers::store_closed};
+use super::HttpError;
 use crate::{
     pipeline::Pipeline,
     store::{Query, StoreHandle},
@@ -203,7 +203,7 @@ impl Scrapes {
         let entries = store
             .entries_in(key.window, key.profile_type)
             .await
-            .map_err(|closed| (store_closed(closed), None))?;
+            .map_err(|closed| (HttpError::from(closed), None))?;
         let _query_memory = self
             .admission
             .reserve(render::query_bytes(entries))
@@ -218,7 +218,7 @@ impl Scrapes {
         let profile = store
             .query(query)
             .await
-            .map_err(|closed| (store_closed(closed), None))?;
+            .map_err(|closed| (HttpError::from(closed), None))?;
         let queried = asked.elapsed() - waited;
         let kernel_addresses = key.scope.kernel_addresses;
         let needs = render::estimate_bytes(&profile, kernel_addresses);

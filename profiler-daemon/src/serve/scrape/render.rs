@@ -6,9 +6,12 @@ use axum::body::Bytes;
 
 use super::{answers::Answer, key::Format};
 use crate::{
-    profile::{Profile, pprof},
-    serve::{index, threads, views},
-    store::Filter,
+    profile::Filter,
+    profile::{Profile, flamegraph, folded, pprof, top},
+    serve::{
+        index,
+        threads::{self, WindowReport},
+    },
     symbolize::Location,
 };
 
@@ -45,14 +48,14 @@ pub fn query_bytes(entries: usize) -> usize {
 pub fn render(format: Format, profile: &Profile, filter: &Filter) -> std::io::Result<Answer> {
     let (body, content_type, attachment) = match format {
         Format::Pprof => (pprof::encode_gzip(profile)?, "application/octet-stream", true),
-        Format::Threads => (threads::render(profile)?, "application/json", false),
-        Format::Folded => (views::render_folded(profile)?, "text/plain; charset=utf-8", false),
+        Format::Threads => (render_threads(profile)?, "application/json", false),
+        Format::Folded => (render_folded(profile)?, "text/plain; charset=utf-8", false),
         Format::Top { json, limit } => {
-            let (body, content_type) = views::render_top(profile, json, limit)?;
+            let (body, content_type) = render_top(profile, json, limit)?;
             (body, content_type, false)
         }
         Format::Flamegraph { icicle } => (
-            views::render_flamegraph(profile, filter, icicle)?,
+            render_flamegraph(profile, filter, icicle)?,
             "image/svg+xml",
             false,
         ),
@@ -67,6 +70,59 @@ pub fn render(format: Format, profile: &Profile, filter: &Filter) -> std::io::Re
         content_type,
         attachment,
     })
+}
+
+/// `/top?format=json`.
+#[derive(serde::Serialize)]
+struct TopReport {
+    window: WindowReport,
+    /// `cpu`, `offcpu` or `wall`.
+    #[serde(rename = "type")]
+    profile_type: &'static str,
+    /// What `self` and `total` count: `samples` or `ns`.
+    unit: &'static str,
+    functions: Vec<top::FunctionCost>,
+}
+
+/// The SVG of `/flamegraph.svg`.
+fn render_flamegraph(profile: &Profile, filter: &Filter, icicle: bool) -> std::io::Result<Vec<u8>> {
+    let title = flamegraph::title(profile.profile_type, filter, &profile.window);
+    let mut out = Vec::new();
+    flamegraph::write(profile, &title, icicle, &mut out)?;
+    Ok(out)
+}
+
+/// The body and type of `/top`.
+fn render_top(profile: &Profile, json: bool, limit: usize) -> std::io::Result<(Vec<u8>, &'static str)> {
+    let functions = top::top(profile, limit);
+    if json {
+        let report = TopReport {
+            window: WindowReport {
+                start_ms: profile.window.start_ms,
+                end_ms: profile.window.end_ms,
+            },
+            profile_type: profile.profile_type.name(),
+            unit: profile.value_unit(),
+            functions,
+        };
+        return Ok((serde_json::to_vec(&report)?, "application/json"));
+    }
+    Ok((
+        top::table(profile, &functions).into_bytes(),
+        "text/plain; charset=utf-8",
+    ))
+}
+
+/// The text of `/folded`.
+fn render_folded(profile: &Profile) -> std::io::Result<Vec<u8>> {
+    let mut out = Vec::new();
+    folded::write(profile, &mut out)?;
+    Ok(out)
+}
+
+/// The JSON of `/threads`.
+fn render_threads(profile: &Profile) -> std::io::Result<Vec<u8>> {
+    Ok(serde_json::to_vec(&threads::report(profile))?)
 }
 
 /// An upper estimate of the memory rendering `profile` takes at its peak,
@@ -98,7 +154,7 @@ mod tests {
     use super::*;
     use crate::{
         kind::{ProfileType, SampleKind},
-        store::Window,
+        profile::Window,
         symbolize::{FrameKind, Function, Line, Location, SymbolizedSample, SymbolizedStack},
     };
 

@@ -11,6 +11,7 @@
 //! its deadline is killed and restarted; a file that brings it down twice is
 //! quarantined: its frames stay `[unknown] file+0xoffset`.
 
+mod debug_file;
 mod protocol;
 mod python_elf;
 mod sandbox;

@@ -10,11 +10,8 @@
 use std::{
     collections::HashMap,
     fs::File,
-    os::{
-        fd::{AsRawFd, OwnedFd},
-        unix::fs::{MetadataExt, OpenOptionsExt},
-    },
-    path::{Path, PathBuf},
+    os::fd::{AsRawFd, OwnedFd},
+    path::PathBuf,
 };
 
 use blazesym::symbolize::{
@@ -28,11 +25,12 @@ use super::protocol::{
     self, FileIdentity, MAX_NAME_BYTES, MAX_REQUEST_BYTES, ProtocolError, Request, Response, SymbolLine,
     Symbols,
 };
-use super::unwind_elf;
+use super::{
+    debug_file::{SYSTEM_DEBUG_DIR, system_debug_file},
+    unwind_elf,
+};
 use crate::symbolize::demangle::demangle;
 
-/// Where distributions install separate debug files, `.build-id/xx/rest.debug`.
-const SYSTEM_DEBUG_DIR: &str = "/usr/lib/debug";
 /// Parsed files kept between requests; the least recently used go first.
 const MAX_CACHED_FILES: usize = 32;
 
@@ -269,27 +267,6 @@ fn describe(fd: &OwnedFd) -> Result<FileInfo, String> {
     })
 }
 
-/// `/usr/lib/debug/.build-id/xx/rest.debug` when it is a regular file owned
-/// by root: a path no user controls, matched by build id only.
-pub(super) fn system_debug_file(build_id: &[u8]) -> Option<PathBuf> {
-    let (first, rest) = build_id.split_first()?;
-    if rest.len() < 4 {
-        return None;
-    }
-    let name: String = rest.iter().map(|byte| format!("{byte:02x}")).collect();
-    let path = Path::new(SYSTEM_DEBUG_DIR)
-        .join(".build-id")
-        .join(format!("{first:02x}"))
-        .join(format!("{name}.debug"));
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
-        .open(&path)
-        .ok()?;
-    let meta = file.metadata().ok()?;
-    (meta.is_file() && meta.uid() == 0).then_some(path)
-}
-
 /// The ELF virtual address of a file offset, through the PT_LOAD segment that holds it.
 fn virtual_offset(segments: &[(u64, u64, u64)], offset: u64) -> Option<u64> {
     segments.iter().find_map(|&(start, size, address)| {
@@ -338,11 +315,5 @@ mod tests {
         assert_eq!(virtual_offset(&segments, 0x10), Some(0x10));
         assert_eq!(virtual_offset(&segments, 0x1800), Some(0x401800));
         assert_eq!(virtual_offset(&segments, 0x3000), None);
-    }
-
-    #[test]
-    fn build_ids_too_short_find_no_debug_file() {
-        assert_eq!(system_debug_file(&[]), None);
-        assert_eq!(system_debug_file(&[1, 2]), None);
     }
 }

@@ -25,9 +25,9 @@ use object::{
 };
 
 use super::{
+    debug_file::system_debug_file,
     protocol::{LoadSegment, MAX_BUILD_ID_BYTES, MAX_LOAD_SEGMENTS, UnwindTable},
     python_elf,
-    server::system_debug_file,
     unwind_table::{Compiled, Compiler, Limits},
 };
 

@@ -4,7 +4,7 @@ use super::super::{
     GoParams, Limits, ParamError, ProfileParams, parse_go_profile, parse_pprof, parse_with_options,
 };
 use super::{Span, stored_part};
-use crate::{kind::ProfileType, store::Window};
+use crate::{kind::ProfileType, profile::Window};
 
 const LIMITS: Limits = Limits {
     pid_max: 4_194_304,

@@ -1,0 +1,44 @@
+//! One user-stack walk's state, shared by the native unwinder (`unwind`)
+//! and the Python frame walk (`python`), and the hash that names the stack.
+
+use profiler_common::UnwoundStack;
+
+/// FNV-1a over the frames: the stack's key in the unwound-stacks map.
+pub const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
+
+/// One FNV-1a step of `hash` over `value`.
+#[inline(always)]
+pub fn mix(hash: u64, value: u64) -> u64 {
+    (hash ^ value).wrapping_mul(FNV_PRIME)
+}
+
+/// Per-CPU scratch of one walk; its `stack` is what gets stored.
+#[repr(C)]
+pub struct Walk {
+    pub stack: UnwoundStack,
+    pub(crate) ip: u64,
+    pub(crate) sp: u64,
+    pub(crate) bp: u64,
+    /// EXACT_IP, BP_UNKNOWN, and the Python walk's `PY_*` bits.
+    pub flags: u64,
+    /// Frames taken through a table row / a frame pointer, added to the
+    /// counters once per walk rather than once per frame.
+    pub(crate) table_frames: u64,
+    pub(crate) pointer_frames: u64,
+    /// Index of the mapping the previous frame was in.
+    pub(crate) mapping_hint: u64,
+    /// The next Python frame to record (see `python`); 0: none.
+    pub py_frame: u64,
+    /// Python frames recorded, and how the Python part ended.
+    pub py_frames: u64,
+    pub py_end: u64,
+}
+
+impl Walk {
+    /// Adds a frame (or end reason) to the stack's hash.
+    #[inline(always)]
+    pub fn mix(&mut self, value: u64) {
+        self.stack.hash = mix(self.stack.hash, value);
+    }
+}
