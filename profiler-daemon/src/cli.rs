@@ -9,6 +9,7 @@ use crate::{
     collect::{DEFAULT_MAX_OPEN_FILES, MapSizes, OffCpuOptions, SamplerOptions, UnwindMode},
     kind::ProfileType,
     pipeline::{PipelineOptions, SymbolizerOptions},
+    procfs::ProcRoot,
     serve::{ListenAddress, connections::ConnectionLimits, scrape::ScrapeLimits},
     store::StoreConfig,
 };
@@ -100,6 +101,11 @@ pub struct SamplingArgs {
     /// On by default; its cost is in the README.
     #[arg(long, default_value_t = false)]
     pub no_python_frames: bool,
+    /// Where the sampled processes' /proc is: the host's, when the daemon
+    /// runs in a container with the host's /proc mounted elsewhere (e.g.
+    /// /host/proc, with the host's PID namespace for the sampler's pids).
+    #[arg(long, default_value = "/proc", value_parser = parse_proc_root)]
+    pub proc_root: PathBuf,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -242,6 +248,12 @@ fn parse_unit(value: &str) -> Result<String, String> {
     }
 }
 
+/// `--proc-root`: a mounted proc file system.
+fn parse_proc_root(value: &str) -> Result<PathBuf, String> {
+    let path = PathBuf::from(value);
+    crate::procfs::check(&path).map(|()| path)
+}
+
 /// `--type`: the names `?type=` takes.
 fn parse_profile_type(value: &str) -> Result<ProfileType, String> {
     ProfileType::parse(value).ok_or_else(|| format!("expected {}", ProfileType::accepted()))
@@ -278,6 +290,11 @@ pub struct RecordArgs {
 }
 
 impl SamplingArgs {
+    /// The /proc of the sampled processes.
+    pub fn proc_root(&self) -> ProcRoot {
+        ProcRoot::new(self.proc_root.clone())
+    }
+
     pub fn pipeline_options(&self, store: StoreConfig) -> PipelineOptions {
         PipelineOptions {
             sampler: SamplerOptions {
@@ -297,6 +314,7 @@ impl SamplingArgs {
                 },
                 python_frames: !self.no_python_frames,
             },
+            proc_root: self.proc_root(),
             drain_interval: Duration::from_millis(self.drain_interval_ms),
             store,
             only_pids: Vec::new(),

@@ -38,6 +38,7 @@ pub struct Config {
     pub unwind_table_user_share_percent: Option<u64>,
     pub off_cpu: Option<bool>,
     pub python_frames: Option<bool>,
+    pub proc_root: Option<PathBuf>,
     pub off_cpu_sample_every: Option<u64>,
     pub off_cpu_min_us: Option<u64>,
     pub http_max_connections: Option<u64>,
@@ -89,11 +90,12 @@ fn line_prefix(line: Option<usize>) -> String {
 }
 
 /// The keys that are not numbers (RANGES has the others).
-pub const OTHER_KEYS: [&str; 10] = [
+pub const OTHER_KEYS: [&str; 11] = [
     "listen",
     "unwind",
     "off_cpu",
     "python_frames",
+    "proc_root",
     "access_group",
     "access_token_file",
     "insecure",
@@ -151,6 +153,13 @@ impl Config {
                     max: *range.end(),
                 });
             }
+        }
+        if let Some(root) = &config.proc_root {
+            crate::procfs::check(root).map_err(|message| ConfigError::Parse {
+                path: path.to_owned(),
+                line: line_of_key(text, "proc_root"),
+                message: format!("proc_root: {message}"),
+            })?;
         }
         if let Some(push) = &config.push {
             for (key, value, range) in push.numbers() {
@@ -297,6 +306,9 @@ impl Config {
         if let (Some(on), true) = (self.python_frames, from_file("python_frames")) {
             sampling.no_python_frames = !on;
         }
+        if let (Some(root), true) = (&self.proc_root, from_file("proc_root")) {
+            sampling.proc_root.clone_from(root);
+        }
         set(
             &mut sampling.off_cpu_sample_every,
             self.off_cpu_sample_every,
@@ -432,7 +444,7 @@ pub fn describe(args: &DaemonArgs) -> String {
          counts_map_entries = {}\nuser_stack_map_entries = {}\nkernel_stack_map_entries = {}\n\
          max_open_files = {}\nsymbolizer_memory_mb = {}\nsymbolizer_deadline_ms = {}\n\
          unwind = \"{}\"\nunwind_table_memory_mb = {}\nunwind_table_user_share_percent = {}\n\
-         off_cpu = {}\noff_cpu_sample_every = {}\noff_cpu_min_us = {}\npython_frames = {}\n\
+         off_cpu = {}\noff_cpu_sample_every = {}\noff_cpu_min_us = {}\npython_frames = {}\nproc_root = {:?}\n\
          http_max_connections = {}\nhttp_header_timeout_ms = {}\nhttp_idle_timeout_seconds = {}\n\
          scrape_concurrency = {}\nscrape_queue = {}\nscrape_memory_mb = {}\nscrape_share_ms = {}\n\
          access_group = {:?}\naccess_token_file = {:?}\ninsecure = {}\n\
@@ -456,6 +468,7 @@ pub fn describe(args: &DaemonArgs) -> String {
         s.off_cpu_sample_every,
         s.off_cpu_min_us,
         !s.no_python_frames,
+        s.proc_root,
         h.http_max_connections,
         h.http_header_timeout_ms,
         h.http_idle_timeout_seconds,

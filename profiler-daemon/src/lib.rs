@@ -26,6 +26,7 @@ pub mod daemon;
 pub mod error;
 pub mod kind;
 pub mod pipeline;
+pub mod procfs;
 pub mod profile;
 pub mod push;
 pub mod python;

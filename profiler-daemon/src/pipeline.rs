@@ -15,7 +15,6 @@ use std::{
 
 use tokio::sync::{oneshot, watch};
 
-use crate::error::Chain;
 use crate::python::{
     detect::{Detected, DetectionStats},
     prefetch::{PrefetchStats, Prefetcher, PythonNews},
@@ -33,6 +32,7 @@ use crate::{
         worker::{WorkerClient, WorkerConfig},
     },
 };
+use crate::{error::Chain, procfs::ProcRoot};
 
 /// A batch that waited longer than this for the symbolizer is logged: the
 /// profiles being served are that stale.
@@ -48,6 +48,8 @@ pub struct PipelineOptions {
     /// costly part). The daemon keeps everything; `record --pid` uses this.
     pub only_pids: Vec<u32>,
     pub symbolizer: SymbolizerOptions,
+    /// Where the sampled processes' /proc is (see [`crate::procfs`]).
+    pub proc_root: ProcRoot,
 }
 
 /// Bounds of the symbolize stage.
@@ -146,6 +148,7 @@ pub struct Pipeline {
     off_cpu: bool,
     map_sizes: MapSizes,
     started_ms: u64,
+    proc_root: ProcRoot,
 }
 
 impl Pipeline {
@@ -169,7 +172,10 @@ impl Pipeline {
         let (drain_tx, drain_rx) = mpsc::channel();
         let stop = Arc::new(AtomicBool::new(false));
 
-        let watcher = ProcessWatcher::new(events, SnapshotReader::new(files.clone()));
+        let watcher = ProcessWatcher::new(
+            events,
+            SnapshotReader::new(files.clone(), options.proc_root.clone()),
+        );
         let watcher_stats = watcher.stats.clone();
         let mut threads = Vec::new();
         let spawn = |name: &'static str, body: Box<dyn FnOnce() + Send>| {
@@ -244,6 +250,7 @@ impl Pipeline {
         {
             let store = store.clone();
             let only_pids = options.only_pids.clone();
+            let proc_root = options.proc_root.clone();
             let status_tx = status_tx.clone();
             let worker = WorkerConfig::this_binary(
                 options.symbolizer.worker_memory_bytes,
@@ -253,7 +260,7 @@ impl Pipeline {
             threads.push(spawn(
                 "symbolize",
                 Box::new(move || {
-                    let symbolizer = Symbolizer::new(worker, files);
+                    let symbolizer = Symbolizer::new(worker, files, proc_root);
                     let symbolizer = symbolizer.python_from(news_rx);
                     symbolize_loop(symbolizer, symbolize_rx, store, &status_tx, only_pids, unwind);
                 }),
@@ -291,6 +298,7 @@ impl Pipeline {
             off_cpu,
             map_sizes: options.sampler.map_sizes,
             started_ms,
+            proc_root: options.proc_root,
         })
     }
 
@@ -352,6 +360,11 @@ impl Pipeline {
 
     pub fn frequency(&self) -> u64 {
         self.frequency
+    }
+
+    /// Where the sampled processes' /proc is.
+    pub fn proc_root(&self) -> &ProcRoot {
+        &self.proc_root
     }
 
     /// True when off-CPU waits are recorded (`--off-cpu`, and the kernel

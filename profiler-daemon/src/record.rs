@@ -37,7 +37,7 @@ pub async fn run(args: RecordArgs) -> Result<(), RecordError> {
     if let Some(&pid) = args
         .pids
         .iter()
-        .find(|pid| !Path::new(&format!("/proc/{pid}")).exists())
+        .find(|&&pid| !args.sampling.proc_root().exists(pid))
     {
         return Err(RecordError::NoSuchProcess(pid));
     }

@@ -17,10 +17,10 @@ use std::{
 };
 
 use super::Cgroup;
+use crate::procfs::ProcRoot;
 
 /// Where the cgroup v2 hierarchy is mounted: alone (unified layout), or
 /// beside the v1 hierarchies (hybrid layout).
-const ROOTS: [&str; 2] = ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"];
 /// statfs f_type of cgroup2.
 const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
 /// Longer paths are not named (their samples get no cgroup label).
@@ -59,6 +59,8 @@ struct Known {
 }
 
 pub struct CgroupResolver {
+    /// Where processes' cgroup files are read.
+    proc: ProcRoot,
     /// None: no cgroup v2 hierarchy to walk.
     root: Option<PathBuf>,
     known: HashMap<u64, Known>,
@@ -69,8 +71,10 @@ pub struct CgroupResolver {
 }
 
 impl CgroupResolver {
-    pub fn new(root: Option<&Path>) -> Self {
+    /// `root`: the cgroup v2 hierarchy (see [`v2_root`]), as `proc` sees it.
+    pub fn new(proc: ProcRoot, root: Option<&Path>) -> Self {
         Self {
+            proc,
             root: root.map(Path::to_owned),
             known: HashMap::new(),
             bytes: 0,
@@ -132,7 +136,7 @@ impl CgroupResolver {
             let Some(root) = &self.root else {
                 return true;
             };
-            match read_process_cgroup(pid, root) {
+            match read_process_cgroup(&self.proc, pid, root) {
                 Some((found, path)) if found == id => {
                     let cgroup = Arc::new(Cgroup::from_path(&path));
                     named.insert(id, cgroup);
@@ -236,38 +240,24 @@ impl CgroupResolver {
     }
 }
 
-/// The mount point of the cgroup v2 hierarchy, found once. None without
-/// one (cgroup v1 only): v1 hierarchies number their cgroups apart from v2,
-/// so their inodes would name the wrong cgroups; samples then go unnamed.
-pub fn v2_root() -> Option<&'static Path> {
-    static ROOT: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
-    ROOT.get_or_init(|| {
-        ROOTS
-            .iter()
-            .map(Path::new)
-            .find(|root| is_cgroup2(root))
-            .map(Path::to_owned)
-    })
-    .as_deref()
+/// The mount point of the cgroup v2 hierarchy under `proc`'s view of the
+/// system (see [`ProcRoot::cgroup_roots`]). None without one (cgroup v1
+/// only): v1 hierarchies number their cgroups apart from v2, so their
+/// inodes would name the wrong cgroups; samples then go unnamed.
+pub fn v2_root(proc: &ProcRoot) -> Option<PathBuf> {
+    proc.cgroup_roots().into_iter().find(|root| is_cgroup2(root))
 }
 
 fn is_cgroup2(path: &Path) -> bool {
-    let Ok(path) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else {
-        return false;
-    };
-    // SAFETY: statfs is plain data; zeroed is a valid value.
-    let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: a NUL-terminated path and a valid out-pointer.
-    let result = unsafe { libc::statfs(path.as_ptr(), &mut stat) };
-    result == 0 && stat.f_type as i64 == CGROUP2_SUPER_MAGIC
+    crate::procfs::filesystem_type(path) == Some(CGROUP2_SUPER_MAGIC)
 }
 
 /// The cgroup v2 path of process `pid` and the id of that cgroup (the
 /// inode of its directory under `root`), read now. None when the process is
 /// gone, the path is outside this daemon's cgroup namespace (`/..`), too
 /// long, or its directory is gone.
-pub fn read_process_cgroup(pid: u32, root: &Path) -> Option<(u64, String)> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+pub fn read_process_cgroup(proc: &ProcRoot, pid: u32, root: &Path) -> Option<(u64, String)> {
+    let text = proc.read(pid, "cgroup").ok()?;
     let path = text.lines().find_map(|line| line.strip_prefix("0::"))?;
     if !path.starts_with('/') || path.len() > MAX_PATH_BYTES || path.split('/').any(|part| part == "..") {
         return None;

@@ -25,6 +25,7 @@ use std::{
 };
 
 use super::proc_maps::MapsLine;
+use crate::procfs::ProcRoot;
 
 /// Identity of a file: cache keys use it, never a path, since paths
 /// (and `/proc/self/fd/N` numbers) get reused for other files.
@@ -69,7 +70,7 @@ impl MappedFile {
     pub fn descriptor(&self) -> Option<OwnedFd> {
         let mut held = self.fd.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if held.is_none() {
-            let opened = open_mapped(self.origin.pid, &self.origin.line()).ok()?;
+            let opened = open_mapped(&self.origin.proc, self.origin.pid, &self.origin.line()).ok()?;
             if opened.key != self.key || opened.version != self.version {
                 return None;
             }
@@ -206,7 +207,7 @@ impl OpenFiles {
     /// The file behind one executable mapping of `pid`, shared with every
     /// other mapping of the same file; None (counted) when it cannot be
     /// opened safely.
-    pub fn open(&self, pid: u32, line: &MapsLine<'_>) -> Option<Arc<MappedFile>> {
+    pub fn open(&self, proc: &ProcRoot, pid: u32, line: &MapsLine<'_>) -> Option<Arc<MappedFile>> {
         let maps_key = (line.dev, line.inode);
         let mut registry = self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Some(file) = registry.files.get(&maps_key).and_then(Weak::upgrade)
@@ -216,7 +217,7 @@ impl OpenFiles {
             file.touch();
             return Some(file);
         }
-        let opened = match open_mapped(pid, line) {
+        let opened = match open_mapped(proc, pid, line) {
             Ok(opened) => opened,
             Err(reason) => {
                 self.stats.refuse(reason);
@@ -236,6 +237,7 @@ impl OpenFiles {
             maps_key,
             version: opened.version,
             origin: Origin {
+                proc: proc.clone(),
                 pid,
                 start: line.start,
                 end: line.end,
@@ -294,6 +296,7 @@ impl Registry {
 
 #[derive(Debug)]
 struct Origin {
+    proc: ProcRoot,
     pid: u32,
     start: u64,
     end: u64,
@@ -320,11 +323,11 @@ struct Opened {
     version: FileVersion,
 }
 
-fn open_mapped(pid: u32, line: &MapsLine<'_>) -> Result<Opened, Refusal> {
+fn open_mapped(proc: &ProcRoot, pid: u32, line: &MapsLine<'_>) -> Result<Opened, Refusal> {
     // The kernel's link to the very file mapped, even if deleted, replaced
     // or in another mount namespace; the path is never consulted.
-    let link = format!("/proc/{pid}/map_files/{:x}-{:x}", line.start, line.end);
-    if let Ok(file) = open_nonblocking(Path::new(&link), 0) {
+    let link = proc.file(pid, &format!("map_files/{:x}-{:x}", line.start, line.end));
+    if let Ok(file) = open_nonblocking(&link, 0) {
         return checked(file, None);
     }
     // Without CAP_CHECKPOINT_RESTORE/CAP_SYS_ADMIN the link cannot be

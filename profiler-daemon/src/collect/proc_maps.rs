@@ -4,6 +4,8 @@
 
 use std::collections::HashSet;
 
+use crate::procfs::ProcRoot;
+
 /// One parsed line of /proc/PID/maps.
 #[derive(Debug, PartialEq, Eq)]
 pub struct MapsLine<'a> {
@@ -61,10 +63,10 @@ pub enum UserFilesystems {
 }
 
 impl UserFilesystems {
-    pub fn of(pid: u32) -> Self {
+    pub fn of(proc: &ProcRoot, pid: u32) -> Self {
         use std::io::Read as _;
         let mut text = String::new();
-        let read = std::fs::File::open(format!("/proc/{pid}/mountinfo"))
+        let read = std::fs::File::open(proc.file(pid, "mountinfo"))
             .and_then(|file| file.take(MAX_MOUNTINFO_BYTES + 1).read_to_string(&mut text));
         match read {
             Ok(len) if (len as u64) <= MAX_MOUNTINFO_BYTES => Self::Known(fuse_devices(&text)),
@@ -148,10 +150,16 @@ mod tests {
         assert!(unknown.contains(libc::makedev(0, 44)));
         assert!(!unknown.contains(libc::makedev(254, 1)));
         assert!(
-            matches!(UserFilesystems::of(std::process::id()), UserFilesystems::Known(_)),
+            matches!(
+                UserFilesystems::of(&ProcRoot::default(), std::process::id()),
+                UserFilesystems::Known(_)
+            ),
             "our own mount table is small and readable"
         );
-        assert!(matches!(UserFilesystems::of(u32::MAX), UserFilesystems::Unknown));
+        assert!(matches!(
+            UserFilesystems::of(&ProcRoot::default(), u32::MAX),
+            UserFilesystems::Unknown
+        ));
     }
 
     #[test]

@@ -2,13 +2,14 @@
 //! kept usable after it exits: files that cannot be reopened later by path
 //! (deleted, replaced, or in another mount namespace) are held open.
 
-use std::{collections::HashMap, sync::Arc};
+use std::{collections::HashMap, path::PathBuf, sync::Arc};
 
 use super::{
     mapped_file::{MappedFile, OpenFiles, Refusal},
     proc_maps::{UserFilesystems, parse_maps_line},
     readable::{ReadableBy, readable_by_status},
 };
+use crate::procfs::ProcRoot;
 
 /// Files one process may have held open for it: far more than the shared
 /// libraries a real program maps, far less than the descriptor bound.
@@ -46,25 +47,48 @@ pub struct ProcessSnapshot {
 }
 
 /// Reads snapshots; files are shared through one [`OpenFiles`] registry.
-#[derive(Default)]
 pub struct SnapshotReader {
     files: OpenFiles,
+    proc: ProcRoot,
+    /// Where the cgroup v2 hierarchy is (see [`crate::cgroup::v2_root`]).
+    cgroup_root: Option<PathBuf>,
+}
+
+impl Default for SnapshotReader {
+    fn default() -> Self {
+        Self::new(OpenFiles::default(), ProcRoot::default())
+    }
 }
 
 impl SnapshotReader {
-    pub fn new(files: OpenFiles) -> Self {
-        Self { files }
+    pub fn new(files: OpenFiles, proc: ProcRoot) -> Self {
+        let cgroup_root = crate::cgroup::v2_root(&proc);
+        Self {
+            files,
+            proc,
+            cgroup_root,
+        }
+    }
+
+    /// The /proc it reads.
+    pub fn proc(&self) -> &ProcRoot {
+        &self.proc
     }
 
     pub fn read(&mut self, pid: u32, instance: u32) -> std::io::Result<ProcessSnapshot> {
-        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
-        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        let proc = &self.proc;
+        let maps = proc.read(pid, "maps")?;
+        let comm = proc
+            .read(pid, "comm")
             .map(|comm| comm.trim_end_matches('\n').to_owned())
             .unwrap_or_default();
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-        let readable_by = readable_by_status(pid, &status);
+        let status = proc.read(pid, "status").unwrap_or_default();
+        let readable_by = readable_by_status(proc, pid, &status);
         let ns_pid = ns_pid_in(&status);
-        let cgroup = crate::cgroup::v2_root().and_then(|root| crate::cgroup::read_process_cgroup(pid, root));
+        let cgroup = self
+            .cgroup_root
+            .as_deref()
+            .and_then(|root| crate::cgroup::read_process_cgroup(proc, pid, root));
         let mut mappings = Vec::new();
         let mut files: HashMap<(u64, u64), Arc<MappedFile>> = HashMap::new();
         let mut user_filesystems: Option<UserFilesystems> = None;
@@ -84,7 +108,7 @@ impl SnapshotReader {
                 None
             } else if libc::major(parsed.dev) == 0
                 && user_filesystems
-                    .get_or_insert_with(|| UserFilesystems::of(pid))
+                    .get_or_insert_with(|| UserFilesystems::of(&self.proc, pid))
                     .contains(parsed.dev)
             {
                 // Opening a file on FUSE asks the process that serves the
@@ -93,7 +117,7 @@ impl SnapshotReader {
                 self.files.refuse(Refusal::UserFilesystem);
                 None
             } else {
-                let file = self.files.open(pid, &parsed);
+                let file = self.files.open(&self.proc, pid, &parsed);
                 if let Some(file) = &file {
                     files.insert(file.maps_key, file.clone());
                 }
@@ -168,6 +192,60 @@ mod tests {
             proc_cgroup.lines().any(|line| line == format!("0::{path}")),
             "{path} in {proc_cgroup}"
         );
+    }
+
+    #[test]
+    fn a_snapshot_reads_only_through_its_proc_root() {
+        use std::os::unix::fs::MetadataExt as _;
+
+        use crate::procfs::fixture::{FixtureProc, own_ids};
+        let fixture = FixtureProc::new("snapshot");
+        let (uid, gid) = own_ids();
+        // A real file to map (opened by path: the fixture has no map_files).
+        let exe = std::fs::read_link("/proc/self/exe").expect("our exe");
+        let meta = std::fs::metadata(&exe).expect("our exe's metadata");
+        let pid = 4242;
+        fixture
+            .write(
+                pid,
+                "maps",
+                &format!(
+                    "00400000-00452000 r-xp 00000000 {:02x}:{:02x} {} {}\n\
+                     00652000-00653000 rw-p 00052000 {:02x}:{:02x} {} {}\n\
+                     7ffd0000-7ffd1000 rw-p 00000000 00:00 0 [stack]\n",
+                    libc::major(meta.dev()),
+                    libc::minor(meta.dev()),
+                    meta.ino(),
+                    exe.display(),
+                    libc::major(meta.dev()),
+                    libc::minor(meta.dev()),
+                    meta.ino(),
+                    exe.display(),
+                ),
+            )
+            .write(pid, "comm", "fixture-app\n")
+            .write(
+                pid,
+                "status",
+                &FixtureProc::status([uid; 3], [gid; 3], 0, &[pid, 7]),
+            )
+            .write(pid, "mountinfo", "22 1 8:1 / / rw - ext4 /dev/sda1 rw\n");
+        let mut reader = SnapshotReader::new(OpenFiles::default(), fixture.root());
+        let snapshot = reader.read(pid, 1).expect("the fixture's process");
+        assert_eq!(snapshot.comm, "fixture-app");
+        assert_eq!(snapshot.readable_by, ReadableBy::User(uid));
+        assert_eq!(snapshot.ns_pid, Some(7));
+        assert_eq!(snapshot.cgroup, None, "no cgroup v2 hierarchy under the fixture");
+        assert_eq!(
+            snapshot.mappings.len(),
+            1,
+            "executable mappings only: {:?}",
+            snapshot.mappings
+        );
+        assert_eq!(*snapshot.mappings[0].path, *exe.to_string_lossy());
+        assert!(snapshot.mappings[0].file.is_some(), "the mapped file, opened");
+        // Our own process is not in the fixture: nothing comes from /proc.
+        assert!(reader.read(std::process::id(), 1).is_err());
     }
 
     #[test]

@@ -16,7 +16,7 @@ use std::{
     },
 };
 
-use crate::shares::Owner;
+use crate::{procfs::ProcRoot, shares::Owner};
 
 /// Who, besides those who see every process (root, the access group, a
 /// bearer token), may read a process's samples.
@@ -54,9 +54,9 @@ struct Credentials {
 }
 
 /// Reads who may read process `pid` now.
-pub fn readable_by(pid: u32) -> ReadableBy {
-    match std::fs::read_to_string(format!("/proc/{pid}/status")) {
-        Ok(status) => readable_by_status(pid, &status),
+pub fn readable_by(proc: &ProcRoot, pid: u32) -> ReadableBy {
+    match proc.read(pid, "status") {
+        Ok(status) => readable_by_status(proc, pid, &status),
         Err(_) => ReadableBy::Privileged,
     }
 }
@@ -64,17 +64,17 @@ pub fn readable_by(pid: u32) -> ReadableBy {
 /// As [`readable_by`], with the status already read. The rest is read
 /// after it: a process that execs a set-uid program in between is found
 /// undumpable (owned by root) then, so a race errs towards hiding.
-pub fn readable_by_status(pid: u32, status: &str) -> ReadableBy {
+pub fn readable_by_status(proc: &ProcRoot, pid: u32, status: &str) -> ReadableBy {
     let Some(credentials) = credentials_in(status) else {
         return ReadableBy::Privileged;
     };
     // The kernel shows /proc/PID as owned by the task's effective uid only
     // while it is dumpable, else by root (task_dump_owner): the one place
     // /proc tells another process's dumpable flag.
-    let Ok(dump_owner) = std::fs::metadata(format!("/proc/{pid}")).map(|meta| meta.uid()) else {
+    let Ok(dump_owner) = std::fs::metadata(proc.process(pid)).map(|meta| meta.uid()) else {
         return ReadableBy::Privileged;
     };
-    decide(credentials, dump_owner, || namespace_owner(pid))
+    decide(credentials, dump_owner, || namespace_owner(proc, pid))
 }
 
 /// The rule, given the credentials, the owner of /proc/PID and (asked only
@@ -138,13 +138,13 @@ const MAX_NAMESPACE_DEPTH: usize = 33;
 /// runs in (or under, when nested): the user who holds every capability
 /// there. None when the process is in the daemon's own namespace, or when
 /// it cannot be told.
-fn namespace_owner(pid: u32) -> Option<u32> {
+fn namespace_owner(proc: &ProcRoot, pid: u32) -> Option<u32> {
     let ours = std::fs::metadata("/proc/self/ns/user").ok()?;
     let same = |file: &File| {
         file.metadata()
             .is_ok_and(|meta| meta.ino() == ours.ino() && meta.dev() == ours.dev())
     };
-    let mut namespace: File = File::open(format!("/proc/{pid}/ns/user")).ok()?;
+    let mut namespace: File = File::open(proc.file(pid, "ns/user")).ok()?;
     if same(&namespace) {
         return None;
     }
@@ -175,6 +175,26 @@ mod tests {
     use super::*;
 
     const USER: u32 = 1002;
+
+    #[test]
+    fn the_uid_check_reads_the_fixture_proc() {
+        use crate::procfs::fixture::{FixtureProc, own_ids};
+        let fixture = FixtureProc::new("readable");
+        let (uid, gid) = own_ids();
+        // Each process's directory is ours, as a dumpable process's of ours is.
+        fixture.write(1, "status", &FixtureProc::status([uid; 3], [gid; 3], 0, &[1]));
+        fixture.write(
+            2,
+            "status",
+            &FixtureProc::status([uid, uid + 1, uid + 1], [gid; 3], 0, &[2]),
+        );
+        fixture.write(3, "status", "Name:\tbroken\n");
+        let proc = fixture.root();
+        assert_eq!(readable_by(&proc, 1), ReadableBy::User(uid));
+        assert_eq!(readable_by(&proc, 2), ReadableBy::Privileged, "set-uid");
+        assert_eq!(readable_by(&proc, 3), ReadableBy::Privileged, "malformed");
+        assert_eq!(readable_by(&proc, 4), ReadableBy::Privileged, "absent");
+    }
 
     #[test]
     fn root_and_unknown_owners_are_privileged_every_other_uid_a_user() {
@@ -261,12 +281,19 @@ mod tests {
         // The tests run as root (the daemon's own kind of process).
         // SAFETY: getuid has no preconditions and cannot fail.
         let uid = unsafe { libc::getuid() };
-        assert_eq!(readable_by(std::process::id()), ReadableBy::User(uid));
         assert_eq!(
-            namespace_owner(std::process::id()),
+            readable_by(&ProcRoot::default(), std::process::id()),
+            ReadableBy::User(uid)
+        );
+        assert_eq!(
+            namespace_owner(&ProcRoot::default(), std::process::id()),
             None,
             "the daemon's own namespace"
         );
-        assert_eq!(readable_by(u32::MAX), ReadableBy::Privileged, "no such process");
+        assert_eq!(
+            readable_by(&ProcRoot::default(), u32::MAX),
+            ReadableBy::Privileged,
+            "no such process"
+        );
     }
 }

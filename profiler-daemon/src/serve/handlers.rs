@@ -86,7 +86,7 @@ async fn go_typed(
         .filter
         .pids
         .iter()
-        .map(|&pid| process_runs(pid, visible))
+        .map(|&pid| process_runs(state.pipeline.proc_root(), pid, visible))
         .find(Result::is_err)
     {
         return Err(HttpError::new(StatusCode::NOT_FOUND, reason));

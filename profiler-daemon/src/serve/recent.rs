@@ -13,7 +13,7 @@ use super::{
     params::{self, Limits, ProfileParams, Span},
     scrape::{Format, key::ShareKey},
 };
-use crate::{kind::ProfileType, profile::Window, store::Visible};
+use crate::{kind::ProfileType, procfs::ProcRoot, profile::Window, store::Visible};
 
 /// Largest pid + 1 on 64-bit Linux (PID_MAX_LIMIT), if pid_max cannot be read.
 const PID_MAX_LIMIT: u32 = 1 << 22;
@@ -44,7 +44,7 @@ pub(super) async fn recent(
     };
     super::cgroup_filter::resolve(state, &mut params.filter, visible).await?;
     for &pid in &params.filter.pids {
-        let Err(reason) = process_runs(pid, visible) else {
+        let Err(reason) = process_runs(state.pipeline.proc_root(), pid, visible) else {
             continue;
         };
         // A process that exited within the window still has its samples.
@@ -91,14 +91,14 @@ impl ServeState {
 /// Ok if `pid` is a running process the caller may see; otherwise why not,
 /// for the message. /proc also resolves thread ids, which are not processes.
 /// A process the caller may not see is answered as one that does not run.
-pub(super) fn process_runs(pid: u32, visible: Visible) -> Result<(), String> {
+pub(super) fn process_runs(proc: &ProcRoot, pid: u32, visible: Visible) -> Result<(), String> {
     let not_running = || format!("pid: no process {pid} is running");
-    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+    let Ok(status) = proc.read(pid, "status") else {
         return Err(not_running());
     };
     // The kernel's rule, as for the samples: a set-uid program the caller
     // started is not the caller's to see.
-    if !visible.allows(crate::collect::readable_by_status(pid, &status)) {
+    if !visible.allows(crate::collect::readable_by_status(proc, pid, &status)) {
         return Err(not_running());
     }
     let tgid = status

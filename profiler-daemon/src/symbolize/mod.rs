@@ -21,6 +21,7 @@ pub use stack::{FrameKind, Function, Line, Location, Mapping, SymbolizedSample, 
 use crate::{
     cgroup::{CgroupResolver, CgroupStats},
     collect::{OpenFiles, ProcessNotice, ProcessSnapshot, RawBatch, ReadableBy, SnapshotReader},
+    procfs::ProcRoot,
     python::{names::PythonNameStats, prefetch::PythonNews},
     shares::Owner,
 };
@@ -53,11 +54,13 @@ pub struct Symbolizer {
 }
 
 impl Symbolizer {
-    /// `files` is the registry the process watcher opens files into too.
-    pub fn new(worker: WorkerConfig, files: OpenFiles) -> Self {
+    /// `files` is the registry the process watcher opens files into too;
+    /// `proc` where the sampled processes' /proc is.
+    pub fn new(worker: WorkerConfig, files: OpenFiles, proc: ProcRoot) -> Self {
+        let cgroup_root = crate::cgroup::v2_root(&proc);
         Self {
             resolver: Resolver::new(worker),
-            processes: ProcessTable::new(SnapshotReader::new(files)),
+            processes: ProcessTable::new(SnapshotReader::new(files, proc.clone())),
             kernel_mapping: Arc::new(Mapping {
                 start: 0,
                 limit: u64::MAX,
@@ -66,7 +69,7 @@ impl Symbolizer {
                 build_id: None,
             }),
             names: HashMap::new(),
-            cgroups: CgroupResolver::new(crate::cgroup::v2_root()),
+            cgroups: CgroupResolver::new(proc, cgroup_root.as_deref()),
             python: PythonFrames::default(),
             python_news: None,
             unknown_kinds: 0,

@@ -187,12 +187,11 @@ impl ProcessTable {
         }
         if self.batch.is_multiple_of(SWEEP_EVERY_BATCHES) {
             let batch = self.batch;
+            let proc = self.reader.proc();
             let gone: Vec<_> = self
                 .entries
                 .iter()
-                .filter(|((pid, _), entry)| {
-                    entry.last_batch + 2 < batch && !std::path::Path::new(&format!("/proc/{pid}")).exists()
-                })
+                .filter(|((pid, _), entry)| entry.last_batch + 2 < batch && !proc.exists(*pid))
                 .map(|(key, _)| *key)
                 .collect();
             for key in gone {

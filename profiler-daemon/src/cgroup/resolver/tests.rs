@@ -30,11 +30,11 @@ impl Drop for Tree {
 
 #[test]
 fn the_walk_names_this_process_cgroup_as_proc_does() {
-    let root = v2_root().expect("a cgroup v2 hierarchy");
-    let Some((id, path)) = read_process_cgroup(std::process::id(), root) else {
+    let root = v2_root(&ProcRoot::default()).expect("a cgroup v2 hierarchy");
+    let Some((id, path)) = read_process_cgroup(&ProcRoot::default(), std::process::id(), &root) else {
         panic!("reading our own cgroup under {}", root.display());
     };
-    let mut resolver = CgroupResolver::new(Some(root));
+    let mut resolver = CgroupResolver::new(ProcRoot::default(), Some(&root));
     let named = resolver.resolve([(id, 0)]);
     let cgroup = named
         .get(&id)
@@ -50,7 +50,7 @@ fn the_walk_names_this_process_cgroup_as_proc_does() {
 fn a_learned_cgroup_stays_named_after_removal() {
     let tree = Tree::new("removed");
     let id = tree.mkdir("system.slice/run-r1.scope");
-    let mut resolver = CgroupResolver::new(Some(&tree.0));
+    let mut resolver = CgroupResolver::new(ProcRoot::default(), Some(&tree.0));
     resolver.learn(id, "/system.slice/run-r1.scope");
     std::fs::remove_dir(tree.0.join("system.slice/run-r1.scope")).expect("removing the scope");
     let named = resolver.resolve([(id, 0)]);
@@ -67,7 +67,7 @@ fn walks_are_bounded_in_depth_and_rate() {
     let shallow = tree.mkdir("a.slice/b.service");
     let deep_path: String = (0..MAX_DEPTH + 4).map(|level| format!("d{level}/")).collect();
     let deep = tree.mkdir(&deep_path);
-    let mut resolver = CgroupResolver::new(Some(&tree.0));
+    let mut resolver = CgroupResolver::new(ProcRoot::default(), Some(&tree.0));
     let named = resolver.resolve([(shallow, 0), (deep, 0)]);
     assert_eq!(
         named.get(&shallow).map(|cgroup| &*cgroup.path),
@@ -87,7 +87,7 @@ fn walks_are_bounded_in_depth_and_rate() {
 
 #[test]
 fn names_stay_within_the_memory_bound() {
-    let mut resolver = CgroupResolver::new(None);
+    let mut resolver = CgroupResolver::new(ProcRoot::default(), None);
     let long = format!("/user.slice/{}", "x".repeat(MAX_PATH_BYTES - 20));
     let entries = MAX_BYTES / (ENTRY_BYTES + long.len()) * 2;
     for id in 0..entries as u64 {
@@ -106,12 +106,12 @@ fn names_stay_within_the_memory_bound() {
 
 #[test]
 fn the_walk_finds_a_new_real_cgroup_by_its_id() {
-    let root = v2_root().expect("a cgroup v2 hierarchy");
+    let root = v2_root(&ProcRoot::default()).expect("a cgroup v2 hierarchy");
     let parent = root.join(format!("profilerd-resolver-test-{}", std::process::id()));
     let child = parent.join("b.service");
     std::fs::create_dir_all(&child).unwrap_or_else(|err| panic!("creating {}: {err}", child.display()));
     let id = std::fs::metadata(&child).expect("stat").ino();
-    let named = CgroupResolver::new(Some(root)).resolve([(id, 0)]);
+    let named = CgroupResolver::new(ProcRoot::default(), Some(&root)).resolve([(id, 0)]);
     let _ = std::fs::remove_dir(&child);
     let _ = std::fs::remove_dir(&parent);
     let cgroup = named.get(&id).expect("the new cgroup found by the walk");
@@ -121,15 +121,43 @@ fn the_walk_finds_a_new_real_cgroup_by_its_id() {
 
 #[test]
 fn a_process_that_moved_is_named_from_its_proc_entry_without_a_walk() {
-    let root = v2_root().expect("a cgroup v2 hierarchy");
+    let root = v2_root(&ProcRoot::default()).expect("a cgroup v2 hierarchy");
     let me = std::process::id();
-    let (id, path) = read_process_cgroup(me, root).expect("our own cgroup");
-    let mut resolver = CgroupResolver::new(Some(root));
+    let (id, path) = read_process_cgroup(&ProcRoot::default(), me, &root).expect("our own cgroup");
+    let mut resolver = CgroupResolver::new(ProcRoot::default(), Some(&root));
     let named = resolver.resolve([(id, me)]);
     assert_eq!(named.get(&id).map(|cgroup| &*cgroup.path), Some(&*path));
     assert_eq!(resolver.stats.walks, 0, "named from /proc/{me}/cgroup");
     // A pid in another cgroup does not name this id: the walk does.
-    let mut resolver = CgroupResolver::new(Some(root));
+    let mut resolver = CgroupResolver::new(ProcRoot::default(), Some(&root));
     assert!(resolver.resolve([(u64::MAX, me)]).is_empty());
     assert_eq!(resolver.stats.walks, 1);
+}
+
+#[test]
+fn a_process_cgroup_is_read_through_the_proc_root() {
+    use crate::procfs::fixture::FixtureProc;
+    let fixture = FixtureProc::new("cgroup");
+    let hierarchy = fixture.path().join("hierarchy");
+    std::fs::create_dir_all(hierarchy.join("system.slice/app.service")).expect("a cgroup directory");
+    fixture.write(10, "cgroup", "0::/system.slice/app.service\n");
+    fixture.write(11, "cgroup", "0::/../../outside.scope\n");
+    fixture.write(12, "cgroup", "1:name=systemd:/old\n");
+    let proc = fixture.root();
+    let id = std::fs::metadata(hierarchy.join("system.slice/app.service"))
+        .expect("the directory")
+        .ino();
+    assert_eq!(
+        read_process_cgroup(&proc, 10, &hierarchy),
+        Some((id, "/system.slice/app.service".to_owned()))
+    );
+    assert_eq!(
+        read_process_cgroup(&proc, 11, &hierarchy),
+        None,
+        "outside our namespace"
+    );
+    assert_eq!(read_process_cgroup(&proc, 12, &hierarchy), None, "v1 only");
+    assert_eq!(read_process_cgroup(&proc, 13, &hierarchy), None, "absent");
+    let unit = Cgroup::from_path("/system.slice/app.service");
+    assert_eq!(unit.unit.as_deref(), Some("app.service"));
 }

@@ -36,7 +36,11 @@ fn by_path_a_symlink_a_fifo_and_another_inode_are_refused() {
     let link_text = link.to_str().expect("utf-8");
     assert!(
         files
-            .open(NO_SUCH_PID, &line_for(link_text, meta.dev(), meta.ino()))
+            .open(
+                &ProcRoot::default(),
+                NO_SUCH_PID,
+                &line_for(link_text, meta.dev(), meta.ino())
+            )
             .is_none()
     );
     let plain_link = dir.join("link");
@@ -44,7 +48,11 @@ fn by_path_a_symlink_a_fifo_and_another_inode_are_refused() {
     let plain_text = plain_link.to_str().expect("utf-8");
     assert!(
         files
-            .open(NO_SUCH_PID, &line_for(plain_text, meta.dev(), meta.ino()))
+            .open(
+                &ProcRoot::default(),
+                NO_SUCH_PID,
+                &line_for(plain_text, meta.dev(), meta.ino())
+            )
             .is_none(),
         "a symlink must not be followed, even to the right inode"
     );
@@ -60,6 +68,7 @@ fn by_path_a_symlink_a_fifo_and_another_inode_are_refused() {
     assert!(
         files
             .open(
+                &ProcRoot::default(),
                 NO_SUCH_PID,
                 &line_for(fifo_text, fifo_meta.dev(), fifo_meta.ino())
             )
@@ -74,18 +83,30 @@ fn by_path_a_symlink_a_fifo_and_another_inode_are_refused() {
     let target_text = target.to_str().expect("utf-8");
     assert!(
         files
-            .open(NO_SUCH_PID, &line_for(target_text, meta.dev(), meta.ino() + 1))
+            .open(
+                &ProcRoot::default(),
+                NO_SUCH_PID,
+                &line_for(target_text, meta.dev(), meta.ino() + 1)
+            )
             .is_none()
     );
     assert!(
         files
-            .open(NO_SUCH_PID, &line_for(target_text, meta.dev() + 1, meta.ino()))
+            .open(
+                &ProcRoot::default(),
+                NO_SUCH_PID,
+                &line_for(target_text, meta.dev() + 1, meta.ino())
+            )
             .is_none()
     );
     assert_eq!(files.stats.refused(Refusal::IdentityMismatch), 2);
 
     let file = files
-        .open(NO_SUCH_PID, &line_for(target_text, meta.dev(), meta.ino()))
+        .open(
+            &ProcRoot::default(),
+            NO_SUCH_PID,
+            &line_for(target_text, meta.dev(), meta.ino()),
+        )
         .expect("the right regular file opens by path");
     assert_eq!((file.key.dev, file.key.inode), (meta.dev(), meta.ino()));
     assert_eq!(files.stats.open.load(Ordering::Relaxed), 1);
@@ -133,7 +154,7 @@ fn descriptors_stay_within_the_bound_and_evicted_ones_reopen_while_mapped() {
         .iter()
         .map(|line| {
             files
-                .open(std::process::id(), line)
+                .open(&ProcRoot::default(), std::process::id(), line)
                 .expect("our own mapping opens")
         })
         .collect();

@@ -1,0 +1,132 @@
+//! The /proc seam: every read of another process's /proc files, and of the
+//! cgroup hierarchy, goes through a [`ProcRoot`]. By default that is the
+//! daemon's own `/proc`; in a container it is the host's, mounted elsewhere
+//! (`proc_root = "/host/proc"`), as the pids the sampler reports are the
+//! host's. The daemon's own files (`/proc/self/...`) and the kernel's
+//! settings (`/proc/sys/...`) are its own and are read where they are.
+
+use std::{
+    io,
+    path::{Path, PathBuf},
+    sync::Arc,
+};
+
+#[cfg(test)]
+pub mod fixture;
+
+/// Where the /proc of the sampled processes is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProcRoot {
+    root: Arc<Path>,
+}
+
+impl Default for ProcRoot {
+    fn default() -> Self {
+        Self::new("/proc")
+    }
+}
+
+impl ProcRoot {
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        Self {
+            root: Arc::from(root.into()),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.root
+    }
+
+    /// `/proc/PID` under this root.
+    pub fn process(&self, pid: u32) -> PathBuf {
+        self.root.join(pid.to_string())
+    }
+
+    /// `/proc/PID/NAME` under this root (NAME may have several parts).
+    pub fn file(&self, pid: u32, name: &str) -> PathBuf {
+        self.process(pid).join(name)
+    }
+
+    /// The text of `/proc/PID/NAME` under this root.
+    pub fn read(&self, pid: u32, name: &str) -> io::Result<String> {
+        std::fs::read_to_string(self.file(pid, name))
+    }
+
+    /// Whether process `pid` exists (as a process or a thread id).
+    pub fn exists(&self, pid: u32) -> bool {
+        self.process(pid).exists()
+    }
+
+    /// Where the cgroup v2 hierarchy may be mounted, most likely first:
+    /// under the daemon's own root with its own /proc, else under the root
+    /// of the host's PID 1 (`/host/proc/1/root/sys/fs/cgroup`): the whole
+    /// hierarchy, where the samples' cgroup ids are.
+    pub fn cgroup_roots(&self) -> [PathBuf; 2] {
+        let base = if self.root.as_ref() == Path::new("/proc") {
+            PathBuf::from("/")
+        } else {
+            self.file(1, "root")
+        };
+        [base.join("sys/fs/cgroup"), base.join("sys/fs/cgroup/unified")]
+    }
+}
+
+/// `statfs(2)`'s `f_type` of /proc.
+const PROC_SUPER_MAGIC: i64 = 0x9fa0;
+
+/// Whether `path` can be a [`ProcRoot`]: an absolute path to a mounted proc
+/// file system. The message says what it is not.
+pub fn check(path: &Path) -> Result<(), String> {
+    if !path.is_absolute() {
+        return Err(format!("{}: expected an absolute path", path.display()));
+    }
+    match filesystem_type(path) {
+        Some(PROC_SUPER_MAGIC) => Ok(()),
+        Some(_) => Err(format!(
+            "{} is not a proc file system (mount the host's /proc there)",
+            path.display()
+        )),
+        None => Err(format!("{}: no such directory", path.display())),
+    }
+}
+
+/// The file system type (`statfs(2)`'s `f_type`) that `path` is on.
+pub fn filesystem_type(path: &Path) -> Option<i64> {
+    let path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
+    // SAFETY: statfs is plain data; zeroed is a valid value.
+    let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a NUL-terminated path and a valid out-pointer.
+    let result = unsafe { libc::statfs(path.as_ptr(), &mut stat) };
+    (result == 0).then_some(stat.f_type as i64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_are_under_the_root() {
+        let host = ProcRoot::new("/host/proc");
+        assert_eq!(host.file(42, "maps"), Path::new("/host/proc/42/maps"));
+        assert_eq!(
+            host.file(42, "map_files/1000-2000"),
+            Path::new("/host/proc/42/map_files/1000-2000")
+        );
+        assert_eq!(
+            host.cgroup_roots()[0],
+            Path::new("/host/proc/1/root/sys/fs/cgroup")
+        );
+        let own = ProcRoot::default();
+        assert_eq!(own.process(7), Path::new("/proc/7"));
+        assert_eq!(own.cgroup_roots()[0], Path::new("/sys/fs/cgroup"));
+    }
+
+    #[test]
+    fn only_a_mounted_proc_is_a_root() {
+        assert_eq!(check(Path::new("/proc")), Ok(()));
+        let refused = |path: &str| check(Path::new(path)).expect_err(path);
+        assert!(refused("proc").contains("absolute"));
+        assert!(refused("/").contains("is not a proc file system"));
+        assert!(refused("/no/such/proc").contains("no such directory"));
+    }
+}
