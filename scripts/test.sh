@@ -7,10 +7,10 @@
 #
 # Order, on a 2-CPU machine:
 # - the cached fixtures (Parca, a Debian rootfs) build in the background
-#   while fmt, clippy and the build run; then the daemon with the
-#   fault-injection hook, in the same target directory (only the daemon
-#   crate and its BPF object compile again: ~2 min, where a target
-#   directory of its own cost 11 min of both CPUs on a fresh machine);
+#   while fmt, clippy and the build run (the daemon with the fault hook,
+#   tests/tools/profilerd_faulty.rs, is one more small binary of the build:
+#   a daemon built with a feature cost 11 min of both CPUs on a fresh
+#   machine in a target directory of its own, 6 in the same one);
 # - the test files that measure no CPU share run in two lanes at once
 #   (every file that runs programs as the unprivileged test user stays in
 #   one lane: some change what that user may see);
@@ -73,29 +73,6 @@ bpf_clippy() {
 check "cargo clippy (BPF crate, pinned nightly, bpfel-unknown-none, -D warnings)" bpf_clippy
 
 check "build" cargo build --release --all-targets
-
-# The daemon with the fault-injection hook (tests/supervision.rs,
-# tests/systemd.rs), built beside the shipped one: the dependencies are
-# shared, only the daemon crate differs. Cargo puts the last build's binary
-# at target/release/profilerd, so the hooked one is copied out and the
-# shipped one put back (cargo links the up-to-date binary again, no
-# compile); tests/supervision.rs checks that the shipped one has no hook.
-# tests/src/faulty.rs runs the copy ($PROFILERD_FAULT_BIN); cargo, run from
-# inside a test's environment, would find parts of it stale and rebuild.
-# shellcheck disable=SC2317 # run through check
-fault_injection_build() {
-    local copy="$root/target/fault-injection/release/profilerd"
-    rm -f "$copy"
-    cargo build --release -p profiler-daemon --features fault-injection &&
-        mkdir -p "$(dirname "$copy")" &&
-        cp "$root/target/release/profilerd" "$copy.new" &&
-        mv "$copy.new" "$copy" &&
-        cargo build --release -p profiler-daemon
-}
-check "build (the fault-injection daemon)" fault_injection_build
-if [ -x "$root/target/fault-injection/release/profilerd" ]; then
-    export PROFILERD_FAULT_BIN="$root/target/fault-injection/release/profilerd"
-fi
 
 say "waiting for the cached fixtures"
 if wait "$fixtures_pid"; then

@@ -5,13 +5,13 @@
 
 use std::{
     collections::BTreeSet,
-    path::{Path, PathBuf},
     time::{Duration, Instant},
 };
 
 use profilerd_tests::{
     Workload,
     attacker::attacker,
+    cgroup::TestCgroup,
     daemon::{Daemon, RawSample, go_pprof, parse_raw},
     record_while, serial,
 };
@@ -20,37 +20,6 @@ const SPLIT: &str = env!("WORKLOAD_SPLIT");
 
 /// A cgroup of the v2 hierarchy made for the test, removed (with its
 /// parent) when dropped; its processes must be gone by then.
-struct TestCgroup {
-    parent: PathBuf,
-    dir: PathBuf,
-}
-
-impl TestCgroup {
-    fn create(name: &str) -> Self {
-        // Unified layout, or hybrid (v2 beside the v1 hierarchies).
-        let root = ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
-            .iter()
-            .map(Path::new)
-            .find(|root| root.join("cgroup.procs").exists() && !root.join("tasks").exists())
-            .expect("a cgroup v2 hierarchy");
-        let parent = root.join(format!("profilerd-test-{}", std::process::id()));
-        let dir = parent.join(name);
-        std::fs::create_dir_all(&dir).unwrap_or_else(|err| panic!("creating {}: {err}", dir.display()));
-        Self { parent, dir }
-    }
-}
-
-impl Drop for TestCgroup {
-    fn drop(&mut self) {
-        // A killed process leaves its cgroup a moment after the kill.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while std::fs::remove_dir(&self.dir).is_err() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = std::fs::remove_dir(&self.parent);
-    }
-}
-
 #[test]
 fn a_unit_in_its_own_cgroup_is_labelled_selected_and_hidden_from_others() {
     let _serial = serial();

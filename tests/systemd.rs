@@ -9,9 +9,11 @@
 //!
 //! The container shares the host's network (so 127.0.0.1:7040 inside is
 //! 127.0.0.1:7040 here) but not its pid namespace, while BPF reports host
-//! pids. A drop-in binds the host's /proc over the service's /proc so that
-//! the daemon sees what it would see on a host; everything else is the
-//! shipped unit. See ../shared/notes/systemd-testing.md for the set-up facts.
+//! pids. The config says where the host's /proc is in the container
+//! (`proc_root = "/run/host-proc"`), as for a daemon in any container: the
+//! host workloads' pids, names and units come through it. Everything else
+//! is the shipped unit. See ../shared/notes/systemd-testing.md for the
+//! set-up facts.
 
 use std::{
     collections::BTreeSet,
@@ -24,6 +26,7 @@ use std::{
 
 use profilerd_tests::{
     Workload,
+    cgroup::TestCgroup,
     container::{ADDRESS, Container, Http, assert_ok, assert_port_free},
     daemon::go_pprof,
     faulty::fault_injection_bin,
@@ -56,8 +59,10 @@ fn the_unit_runs_under_a_real_systemd() {
     let ct = Container::boot(&rootfs, repo, &profilerd_bin());
 
     // The daemon runs in the container's pid namespace but BPF reports host
-    // pids: give the service the host's /proc, as on a host (test-only).
-    ct.sh("mkdir -p /etc/systemd/system/profilerd.service.d && printf '[Service]\\nBindReadOnlyPaths=/run/host-proc:/proc\\n' > /etc/systemd/system/profilerd.service.d/50-test-host-proc.conf");
+    // pids: it reads the host's /proc where the container has it, as a
+    // daemon in any container would (`proc_root`; install.sh keeps a
+    // config that is there).
+    ct.sh("mkdir -p /etc/profilerd && printf 'proc_root = \"/run/host-proc\"\\n' > /etc/profilerd/profilerd.toml");
 
     // install.sh: files in place, daemon-reload, enable, start.
     let installed = ct.run(&["/opt/profilerd/deploy/install.sh"]);
@@ -85,6 +90,7 @@ fn the_unit_runs_under_a_real_systemd() {
     assert_eq!(cap_eff, expected, "CapEff {cap_eff:#x}, expected {expected:#x}");
 
     let _split = assert_serves_hot_function(&ct, &http, "systemd-split.pb.gz", "after install");
+    assert_names_a_host_unit(&ct, &http);
 
     // Kernel frames named, not [unknown]: /proc/kallsyms readable, CAP_SYSLOG kept.
     let (kernel, unknown) = kernel_locations(&http);
@@ -241,12 +247,50 @@ fn assert_serves_hot_function(ct: &Container, http: &Http, artifact: &str, when:
     split
 }
 
+/// A host workload in a cgroup named like a service: the daemon in the
+/// container names its unit through the host's /proc and cgroup hierarchy.
+/// In the container's cgroup namespace the host's cgroup paths are not
+/// readable from /proc/PID/cgroup (they start with `/..`): the hierarchy's
+/// walk names the new cgroup, at most 5 s after its first samples, so the
+/// unit's samples are asked for until they are there.
+fn assert_names_a_host_unit(ct: &Container, http: &Http) {
+    let unit = format!("probe-{}.service", std::process::id());
+    let cgroup = TestCgroup::create(&unit);
+    let _workload = cgroup.spawn(env!("WORKLOAD_SPLIT"), &["30"]);
+    let path = format!("/pprof?unit={unit}&seconds=3");
+    let started = Instant::now();
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+        let status = http.get(&path).map(|(status, _)| status);
+        if status.as_ref().is_ok_and(|&status| status == 200) {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "no samples of unit {unit} within 20 s ({status:?}):\n{}",
+            diagnostics(ct, http)
+        );
+    }
+    // Three whole seconds of it, named.
+    std::thread::sleep(Duration::from_secs(3));
+    let top = top_of(http, &path, "systemd-unit.pb.gz");
+    assert!(
+        top.contains(" hot_a\n"),
+        "the host workload of unit {unit} should be selected by its unit:\n{top}\n{}",
+        diagnostics(ct, http)
+    );
+}
+
 /// What the daemon says about its symbolization, and its journal.
 fn diagnostics(ct: &Container, http: &Http) -> String {
     let metrics = http.get("/metrics").map(|(_, text)| text).unwrap_or_default();
     let counters: Vec<&str> = metrics
         .lines()
-        .filter(|line| line.starts_with("profilerd_symbol") || line.starts_with("profilerd_process"))
+        .filter(|line| {
+            ["profilerd_symbol", "profilerd_process", "profilerd_cgroup"]
+                .iter()
+                .any(|prefix| line.starts_with(prefix))
+        })
         .collect();
     let journal = ct.output(&["journalctl", "-b", "-u", "profilerd", "-o", "cat", "--no-pager"]);
     format!("metrics:\n{}\njournal:\n{journal}", counters.join("\n"))
@@ -340,7 +384,8 @@ fn a_stage_that_panics_is_restarted_by_systemd_and_serves_again() {
         .parent()
         .expect("the repository root");
     let ct = Container::boot(&rootfs, repo, &fault_injection_bin());
-    ct.sh("mkdir -p /etc/systemd/system/profilerd.service.d && printf '[Service]\\nBindReadOnlyPaths=/run/host-proc:/proc\\nEnvironment=PROFILERD_FAULT=panic:symbolize:6\\n' > /etc/systemd/system/profilerd.service.d/50-test-fault.conf");
+    ct.sh("mkdir -p /etc/profilerd && printf 'proc_root = \"/run/host-proc\"\\n' > /etc/profilerd/profilerd.toml");
+    ct.sh("mkdir -p /etc/systemd/system/profilerd.service.d && printf '[Service]\\nEnvironment=PROFILERD_FAULT=panic:symbolize:6\\n' > /etc/systemd/system/profilerd.service.d/50-test-fault.conf");
     assert_ok(
         &ct.run(&["/opt/profilerd/deploy/install.sh"]),
         "deploy/install.sh inside the container",

@@ -23,6 +23,7 @@ pub mod cli;
 pub mod collect;
 pub mod config;
 pub mod daemon;
+pub mod entry;
 pub mod error;
 pub mod kind;
 pub mod pipeline;

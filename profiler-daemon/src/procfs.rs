@@ -57,17 +57,24 @@ impl ProcRoot {
         self.process(pid).exists()
     }
 
-    /// Where the cgroup v2 hierarchy may be mounted, most likely first:
-    /// under the daemon's own root with its own /proc, else under the root
-    /// of the host's PID 1 (`/host/proc/1/root/sys/fs/cgroup`): the whole
-    /// hierarchy, where the samples' cgroup ids are.
-    pub fn cgroup_roots(&self) -> [PathBuf; 2] {
-        let base = if self.root.as_ref() == Path::new("/proc") {
-            PathBuf::from("/")
-        } else {
-            self.file(1, "root")
-        };
-        [base.join("sys/fs/cgroup"), base.join("sys/fs/cgroup/unified")]
+    /// Where the cgroup v2 hierarchy may be mounted, most likely first (the
+    /// unified layout, then the hybrid one's `unified/`). With the daemon's
+    /// own /proc: its own `/sys/fs/cgroup`. With another: under the root of
+    /// that /proc's init (PID 1), or of kthreadd (PID 2, whose root is the
+    /// initial mount namespace's even where PID 1 may not be read), which
+    /// hold the whole hierarchy, where the samples' cgroup ids are; then
+    /// the daemon's own, for a container that shares the host's.
+    pub fn cgroup_roots(&self) -> Vec<PathBuf> {
+        let mut bases = Vec::new();
+        if self.root.as_ref() != Path::new("/proc") {
+            bases.push(self.file(1, "root"));
+            bases.push(self.file(2, "root"));
+        }
+        bases.push(PathBuf::from("/"));
+        bases
+            .iter()
+            .flat_map(|base| [base.join("sys/fs/cgroup"), base.join("sys/fs/cgroup/unified")])
+            .collect()
     }
 }
 
@@ -112,10 +119,10 @@ mod tests {
             host.file(42, "map_files/1000-2000"),
             Path::new("/host/proc/42/map_files/1000-2000")
         );
-        assert_eq!(
-            host.cgroup_roots()[0],
-            Path::new("/host/proc/1/root/sys/fs/cgroup")
-        );
+        let roots = host.cgroup_roots();
+        assert_eq!(roots[0], Path::new("/host/proc/1/root/sys/fs/cgroup"));
+        assert_eq!(roots[3], Path::new("/host/proc/2/root/sys/fs/cgroup/unified"));
+        assert_eq!(roots[4], Path::new("/sys/fs/cgroup"));
         let own = ProcRoot::default();
         assert_eq!(own.process(7), Path::new("/proc/7"));
         assert_eq!(own.cgroup_roots()[0], Path::new("/sys/fs/cgroup"));

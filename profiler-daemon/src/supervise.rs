@@ -239,35 +239,27 @@ pub fn notify_failure(status: &str, errno: u32) {
     }
 }
 
-/// A test-only fault: with the `fault-injection` feature (never in a shipped
-/// build), `PROFILERD_FAULT=panic:STAGE:SECONDS` makes STAGE panic at its
-/// first fault point SECONDS after the daemon started.
-#[cfg(feature = "fault-injection")]
+/// A fault a test asked for: the stage that panics, and from when.
+static FAULT: std::sync::OnceLock<(String, Instant)> = std::sync::OnceLock::new();
+
+/// Makes `stage` panic at its first fault point `after` from now: for the
+/// test binary that checks the supervision (tests/tools/profilerd_faulty.rs
+/// calls it from its environment). The shipped `profilerd` never calls it,
+/// and reads no variable that could.
+pub fn inject_fault(stage: &str, after: Duration) {
+    let _ = FAULT.set((stage.to_owned(), Instant::now() + after));
+}
+
+/// Where a stage may be made to fail (see [`inject_fault`]): one load of an
+/// unset cell in every build that is not a test's.
 pub fn fault_point(stage: &str) {
-    use std::sync::OnceLock;
-    static FAULT: OnceLock<Option<(String, Instant)>> = OnceLock::new();
-    let fault = FAULT.get_or_init(|| {
-        let spec = std::env::var("PROFILERD_FAULT").ok()?;
-        let mut parts = spec.splitn(3, ':');
-        let (Some("panic"), Some(target), Some(seconds)) = (parts.next(), parts.next(), parts.next()) else {
-            tracing::warn!("PROFILERD_FAULT={spec:?} is not panic:STAGE:SECONDS; ignored");
-            return None;
-        };
-        let seconds = seconds.parse::<u64>().ok()?;
-        Some((target.to_owned(), Instant::now() + Duration::from_secs(seconds)))
-    });
-    if let Some((target, at)) = fault
+    if let Some((target, at)) = FAULT.get()
         && target == stage
         && Instant::now() >= *at
     {
-        panic!("injected fault (PROFILERD_FAULT) in the {stage} stage");
+        panic!("injected fault in the {stage} stage");
     }
 }
-
-/// Without the `fault-injection` feature: nothing.
-#[cfg(not(feature = "fault-injection"))]
-#[inline(always)]
-pub fn fault_point(_stage: &str) {}
 
 #[cfg(test)]
 mod tests {

@@ -1,60 +1,32 @@
-//! A profilerd built with the `fault-injection` feature (PROFILERD_FAULT),
-//! run with its log captured line by line, to test the supervision.
+//! `profilerd-faulty`, the daemon with a fault hook (PROFILERD_FAULT), run
+//! with its log captured line by line, to test the supervision.
 
 use std::{
     io::{BufRead, BufReader},
     path::{Path, PathBuf},
     process::{Child, Command, ExitStatus, Stdio},
-    sync::{OnceLock, mpsc},
+    sync::mpsc,
     time::{Duration, Instant},
 };
 
 use crate::daemon::free_port;
 
-/// The daemon built with `--features fault-injection`: the shipped
-/// target/release/profilerd never has the hook. scripts/test.sh builds it
-/// beside the shipped one and names it in $PROFILERD_FAULT_BIN; without
-/// that (one test file run by hand), it is built here, once per test run,
-/// in a target directory of its own (building it in target/ would replace
-/// the shipped binary under the other tests' feet).
+/// `profilerd-faulty` (tests/tools/profilerd_faulty.rs): the daemon with
+/// the fault hook, built beside `profilerd` from the same library.
 pub fn fault_injection_bin() -> PathBuf {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        if let Some(path) = std::env::var_os("PROFILERD_FAULT_BIN") {
-            return PathBuf::from(path);
-        }
-        // target/<profile>/deps/<test binary> -> target/
-        let exe = std::env::current_exe().expect("the test binary's path");
-        let target = exe
-            .ancestors()
-            .nth(3)
-            .expect("a target directory above the test binary")
-            .join("fault-injection");
-        let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .parent()
-            .expect("the workspace above tests/");
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let status = Command::new(cargo)
-            .current_dir(workspace)
-            .args([
-                "build",
-                "--release",
-                "-p",
-                "profiler-daemon",
-                "--features",
-                "fault-injection",
-            ])
-            .arg("--target-dir")
-            .arg(&target)
-            .status()
-            .expect("running cargo to build the fault-injection daemon");
-        assert!(
-            status.success(),
-            "building the fault-injection daemon failed: {status}"
-        );
-        target.join("release").join("profilerd")
-    })
-    .clone()
+    // target/<profile>/deps/<test binary> -> target/<profile>/profilerd-faulty
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let bin = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|dir| dir.join("profilerd-faulty"))
+        .expect("a target directory above the test binary");
+    assert!(
+        bin.exists(),
+        "{} not found: build it first (cargo build --release -p profilerd-tests --bin profilerd-faulty)",
+        bin.display()
+    );
+    bin
 }
 
 /// A running daemon whose standard error is read line by line, each line

@@ -3,6 +3,7 @@
 
 pub mod attacker;
 pub mod capture;
+pub mod cgroup;
 pub mod chromium;
 pub mod container;
 pub mod cpu;
