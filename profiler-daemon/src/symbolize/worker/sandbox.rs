@@ -14,7 +14,7 @@ const WORKER_MAX_FILES: libc::rlim_t = 1024;
 /// # Safety
 /// Must only be called in a freshly forked child before exec.
 pub unsafe fn confine(memory_bytes: u64) -> io::Result<()> {
-    // SAFETY (all calls below): plain syscalls on this process with valid
+    // SAFETY: (all calls below) plain syscalls on this process with valid
     // arguments; none allocates or takes a lock.
     unsafe {
         check(libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0))?;
