@@ -14,19 +14,10 @@ use crate::daemon::free_port;
 /// `profilerd-faulty` (tests/tools/profilerd_faulty.rs): the daemon with
 /// the fault hook, built beside `profilerd` from the same library.
 pub fn fault_injection_bin() -> PathBuf {
-    // target/<profile>/deps/<test binary> -> target/<profile>/profilerd-faulty
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let bin = exe
-        .parent()
-        .and_then(Path::parent)
-        .map(|dir| dir.join("profilerd-faulty"))
-        .expect("a target directory above the test binary");
-    assert!(
-        bin.exists(),
-        "{} not found: build it first (cargo build --release -p profilerd-tests --bin profilerd-faulty)",
-        bin.display()
-    );
-    bin
+    crate::built_bin(
+        "profilerd-faulty",
+        "cargo build --release -p profilerd-tests --bin profilerd-faulty",
+    )
 }
 
 /// A running daemon whose standard error is read line by line, each line

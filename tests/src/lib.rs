@@ -47,16 +47,25 @@ pub fn profilerd_bin() -> PathBuf {
     if let Some(path) = std::env::var_os("PROFILERD_BIN") {
         return PathBuf::from(path);
     }
-    // target/<profile>/deps/<test binary> -> target/<profile>/profilerd
+    built_bin(
+        "profilerd",
+        "cargo build --release -p profiler-daemon, or set PROFILERD_BIN",
+    )
+}
+
+/// A binary of this build, `name` in the target directory above the test
+/// binary (target/<profile>/deps/<test> -> target/<profile>/<name>); the
+/// panic says to build it with `how`.
+pub fn built_bin(name: &str, how: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("the test binary's path");
     let bin = exe
         .parent()
         .and_then(Path::parent)
-        .map(|dir| dir.join("profilerd"))
+        .map(|dir| dir.join(name))
         .expect("a target directory above the test binary");
     assert!(
         bin.exists(),
-        "profilerd binary not found at {} — build it first (cargo build --release -p profiler-daemon) or set PROFILERD_BIN",
+        "{name} not found at {}: build it first ({how})",
         bin.display()
     );
     bin
