@@ -75,6 +75,11 @@ impl SnapshotReader {
         &self.proc
     }
 
+    /// The cgroup v2 hierarchy, as found through that /proc.
+    pub fn cgroup_root(&self) -> Option<&std::path::Path> {
+        self.cgroup_root.as_deref()
+    }
+
     pub fn read(&mut self, pid: u32, instance: u32) -> std::io::Result<ProcessSnapshot> {
         let proc = &self.proc;
         let maps = proc.read(pid, "maps")?;

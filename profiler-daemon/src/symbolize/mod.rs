@@ -57,10 +57,12 @@ impl Symbolizer {
     /// `files` is the registry the process watcher opens files into too;
     /// `proc` where the sampled processes' /proc is.
     pub fn new(worker: WorkerConfig, files: OpenFiles, proc: ProcRoot) -> Self {
-        let cgroup_root = crate::cgroup::v2_root(&proc);
+        // The snapshot reader finds the cgroup hierarchy once for both.
+        let reader = SnapshotReader::new(files, proc.clone());
+        let cgroups = CgroupResolver::new(proc, reader.cgroup_root());
         Self {
             resolver: Resolver::new(worker),
-            processes: ProcessTable::new(SnapshotReader::new(files, proc.clone())),
+            processes: ProcessTable::new(reader),
             kernel_mapping: Arc::new(Mapping {
                 start: 0,
                 limit: u64::MAX,
@@ -69,7 +71,7 @@ impl Symbolizer {
                 build_id: None,
             }),
             names: HashMap::new(),
-            cgroups: CgroupResolver::new(proc, cgroup_root.as_deref()),
+            cgroups,
             python: PythonFrames::default(),
             python_news: None,
             unknown_kinds: 0,

@@ -39,9 +39,17 @@ impl Crate {
         Crate { modules }
     }
 
+    /// Re-exports followed at most, however they chain.
+    const MAX_EXPORT_HOPS: u32 = 8;
+
     /// The module a path names from `from` (with `inline` inline modules
     /// around it), and the item name left after it, through re-exports.
     fn resolve(&self, from: usize, path: &[String], inline: usize) -> Option<usize> {
+        self.resolve_within(from, path, inline, Self::MAX_EXPORT_HOPS)
+    }
+
+    /// As [`Self::resolve`], following at most `hops` more re-exports.
+    fn resolve_within(&self, from: usize, path: &[String], inline: usize, hops: u32) -> Option<usize> {
         let (mut at, rest) = match path.first()?.as_str() {
             "crate" => (0, &path[1..]),
             "self" => (from, &path[1..]),
@@ -61,7 +69,7 @@ impl Crate {
                 at = child;
                 continue;
             }
-            return Some(self.through_exports(at, &rest[index..], 8));
+            return Some(self.through_exports(at, &rest[index..], hops));
         }
         Some(at)
     }
@@ -75,7 +83,7 @@ impl Crate {
         if depth == 0 {
             return at;
         }
-        match self.resolve(at, target, 0) {
+        match self.resolve_within(at, target, 0, depth - 1) {
             Some(next) if next != at => {
                 // The target path's own last segment is the item there.
                 let last = target.last().cloned().unwrap_or_default();
