@@ -133,6 +133,8 @@ fn pushed_windows_reach_parca_under_the_expected_labels_with_the_same_shares() {
         "2",
         "--push-label",
         "env=fleet-test",
+        // Off-CPU waits are pushed too, under their own type.
+        "--off-cpu",
     ]);
     let started = now_ms();
     let workload = Workload::spawn(SPLIT, &["10"]);
@@ -170,6 +172,7 @@ fn pushed_windows_reach_parca_under_the_expected_labels_with_the_same_shares() {
             "{churning} must not reach Parca: {names:?}"
         );
     }
+    assert_off_cpu_pushed(&parca, &host, started, ended);
     let parca_target = format!("parca http://{}", parca.addr());
     assert!(
         push_metric(
@@ -180,6 +183,33 @@ fn pushed_windows_reach_parca_under_the_expected_labels_with_the_same_shares() {
         ) >= 4
     );
     assert!(push_metric(&daemon, "push_bytes_total", &parca_target, "") > 0);
+}
+
+/// Off-CPU windows reach Parca as a profile type of their own (the
+/// OpenTelemetry profiler's sample types, `events/count` and
+/// `off_cpu/nanoseconds`), beside CPU's, with time in them.
+fn assert_off_cpu_pushed(parca: &Parca, host: &str, started: u64, ended: u64) {
+    let types = parca.profile_types();
+    assert!(
+        types
+            .iter()
+            .any(|name| name.starts_with(CPU.trim_end_matches(":delta"))),
+        "expected the CPU type among Parca's types, got {types:?}"
+    );
+    let off_cpu = types
+        .iter()
+        .find(|name| name.starts_with("off_cpu:events:count:off_cpu:nanoseconds"))
+        .unwrap_or_else(|| {
+            panic!("expected an off_cpu type (events/count, off_cpu/nanoseconds) in Parca, got {types:?}")
+        });
+    let series = format!("{off_cpu}{{hostname=\"{host}\",env=\"fleet-test\"}}");
+    let windows = parca.profiles(&series, started, ended);
+    let waited: i64 = windows.iter().map(|(.., value)| value).sum();
+    assert!(
+        windows.len() >= 2 && waited > 0,
+        "expected pushed off-CPU windows with waits in them, got {windows:?}\n{}",
+        parca.log()
+    );
 }
 
 #[test]

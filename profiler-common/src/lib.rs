@@ -109,8 +109,8 @@ pub mod sample_kind {
 pub struct SampleValue {
     /// Samples, or waits.
     pub count: u64,
-    /// Nanoseconds: of CPU, or of waiting.
-    pub ns: u64,
+    /// In the kind's unit: nanoseconds of CPU, or of waiting.
+    pub amount: u64,
 }
 
 /// A thread's current off-CPU wait (value of the OFF_CPU_WAITS map, keyed
@@ -148,9 +148,12 @@ pub struct SpilledSample {
     /// Bytes of `kernel` written, or a negative errno.
     pub kernel_len: i32,
     pub comm: [u8; COMM_LEN],
-    pub reserved: u32,
-    /// As [`SampleValue::ns`] of a CPU sample.
-    pub cpu_ns: u64,
+    /// As [`SampleKey::kind`]: what `amount` measures.
+    pub kind: u16,
+    /// Always 0.
+    pub reserved: u16,
+    /// As [`SampleValue::amount`], of one sample.
+    pub amount: u64,
     /// As [`SampleKey::cgroup_id`].
     pub cgroup_id: u64,
     pub user: [u64; MAX_STACK_DEPTH],

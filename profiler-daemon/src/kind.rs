@@ -1,12 +1,68 @@
-//! Kinds of samples, and the profile types made of them: data, not code
-//! paths. A sample carries its kind and two values (a count and nanoseconds)
-//! from the BPF key to the encoders; a profile type says which kinds it adds
-//! up and how its values are named. A new kind of profile is a new variant
-//! here, a mapping from its BPF value, and (if it is new) a schema.
+//! Kinds of samples, and the profile types made of them, as data.
+//!
+//! A [`SampleKind`] is what one recorded sample measures; a
+//! [`ProfileType`] is what a reader asks for (`?type=`, `--type`, a Go
+//! endpoint, a pushed series). Each is described once, here
+//! ([`KindDescription`], [`TypeDescription`]): the BPF program that
+//! produces it, the unit of its amount, its pprof sample and period types,
+//! its Go path, whether it is part of wall-clock profiles, its push names.
+//! The stages read the descriptions; the few decisions that are code are
+//! exhaustive matches, so a new variant makes the compiler list them.
 
 use std::fmt;
 
 use profiler_common::sample_kind;
+
+/// Which BPF program produces a kind's samples, and so what turns it on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Source {
+    /// The cpu-clock perf event on every CPU: always on.
+    CpuClock,
+    /// The sched_switch tracepoint: on with `--off-cpu`, where the kernel's
+    /// BTF allows it.
+    SchedSwitch,
+}
+
+impl Source {
+    /// How a user turns it on, for messages about what is off.
+    pub fn how_to_enable(self) -> &'static str {
+        match self {
+            Self::CpuClock => "it is always on",
+            Self::SchedSwitch => {
+                "start profilerd with --off-cpu (config file: off_cpu = true); if it was given, the log says why it is off"
+            }
+        }
+    }
+}
+
+/// What a sample's amount is measured in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unit {
+    Nanoseconds,
+}
+
+impl Unit {
+    /// As pprof names it (the unit of a `ValueType`).
+    pub fn pprof_name(self) -> &'static str {
+        match self {
+            Self::Nanoseconds => "nanoseconds",
+        }
+    }
+
+    /// As views label a column of it.
+    pub fn short(self) -> &'static str {
+        match self {
+            Self::Nanoseconds => "ns",
+        }
+    }
+
+    /// `amount` for people: `1.250 s`.
+    pub fn human(self, amount: u64) -> String {
+        match self {
+            Self::Nanoseconds => format!("{:.3} s", amount as f64 / 1e9),
+        }
+    }
+}
 
 /// What one recorded sample measures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -19,29 +75,115 @@ pub enum SampleKind {
     OffCpuRunnable,
 }
 
+/// Everything that varies with a [`SampleKind`].
+#[derive(Debug)]
+pub struct KindDescription {
+    /// Its value in the counts maps' keys (`SampleKey::kind`) and the spill
+    /// ring's records: one of profiler-common's [`sample_kind`].
+    pub bpf: u16,
+    pub source: Source,
+    /// What a sample's amount measures (its count is of samples or events).
+    pub unit: Unit,
+    /// The profile type of this kind alone (never [`ProfileType::Wall`]).
+    pub profile: ProfileType,
+    /// Part of wall-clock profiles.
+    pub in_wall: bool,
+    /// The stack ends in the scheduler's switch, which symbolization trims:
+    /// a wait's place is where the thread blocked, not how it left the CPU.
+    pub ends_in_switch: bool,
+    /// The pprof `wait` label of its samples.
+    pub wait_label: Option<&'static str>,
+    /// The `/threads` field of its amount, and of its count if reported.
+    pub threads_amount: &'static str,
+    pub threads_count: Option<&'static str>,
+}
+
 impl SampleKind {
-    /// The kind of a counts-map key (`SampleKey::kind`); None for a value
-    /// this daemon does not know (a mismatched BPF object).
-    pub fn from_bpf(kind: u16) -> Option<Self> {
-        match kind {
-            sample_kind::CPU => Some(Self::Cpu),
-            sample_kind::OFF_CPU_BLOCKED => Some(Self::OffCpuBlocked),
-            sample_kind::OFF_CPU_RUNNABLE => Some(Self::OffCpuRunnable),
-            _ => None,
+    pub const ALL: [SampleKind; 3] = [Self::Cpu, Self::OffCpuBlocked, Self::OffCpuRunnable];
+
+    pub const fn describe(self) -> &'static KindDescription {
+        match self {
+            Self::Cpu => &KindDescription {
+                bpf: sample_kind::CPU,
+                source: Source::CpuClock,
+                unit: Unit::Nanoseconds,
+                profile: ProfileType::Cpu,
+                in_wall: true,
+                ends_in_switch: false,
+                wait_label: None,
+                threads_amount: "cpu_ns",
+                threads_count: Some("samples"),
+            },
+            Self::OffCpuBlocked => &KindDescription {
+                bpf: sample_kind::OFF_CPU_BLOCKED,
+                source: Source::SchedSwitch,
+                unit: Unit::Nanoseconds,
+                profile: ProfileType::OffCpu,
+                in_wall: true,
+                ends_in_switch: true,
+                wait_label: Some("blocked"),
+                threads_amount: "off_cpu_blocked_ns",
+                threads_count: None,
+            },
+            Self::OffCpuRunnable => &KindDescription {
+                bpf: sample_kind::OFF_CPU_RUNNABLE,
+                source: Source::SchedSwitch,
+                unit: Unit::Nanoseconds,
+                profile: ProfileType::OffCpu,
+                in_wall: true,
+                ends_in_switch: true,
+                wait_label: Some("runnable"),
+                threads_amount: "off_cpu_runnable_ns",
+                threads_count: None,
+            },
         }
     }
 
-    pub fn is_off_cpu(self) -> bool {
-        matches!(self, Self::OffCpuBlocked | Self::OffCpuRunnable)
+    /// The kind of a BPF record's `kind`; None for a value this daemon does
+    /// not know (a mismatched BPF object).
+    pub fn from_bpf(kind: u16) -> Option<Self> {
+        Self::ALL.into_iter().find(|known| known.describe().bpf == kind)
+    }
+
+    /// Its place in [`SampleKind::ALL`].
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+
+    pub fn source(self) -> Source {
+        self.describe().source
     }
 
     /// The `wait` label of off-CPU samples in pprof (None for CPU samples).
     pub fn wait_label(self) -> Option<&'static str> {
-        match self {
-            Self::Cpu => None,
-            Self::OffCpuBlocked => Some("blocked"),
-            Self::OffCpuRunnable => Some("runnable"),
+        self.describe().wait_label
+    }
+}
+
+/// A set of sample kinds: those the sampler records.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct KindSet(u32);
+
+impl KindSet {
+    /// The kinds the given sources produce.
+    pub fn produced_by(on: impl Fn(Source) -> bool) -> Self {
+        let mut set = Self::default();
+        for kind in SampleKind::ALL {
+            if on(kind.source()) {
+                set.0 |= 1 << kind.index();
+            }
         }
+        set
+    }
+
+    pub fn contains(self, kind: SampleKind) -> bool {
+        self.0 & (1 << kind.index()) != 0
+    }
+
+    pub fn iter(self) -> impl Iterator<Item = SampleKind> {
+        SampleKind::ALL
+            .into_iter()
+            .filter(move |&kind| self.contains(kind))
     }
 }
 
@@ -60,72 +202,183 @@ pub enum ProfileType {
 /// A pprof `ValueType`: (type, unit).
 pub type ValueName = (&'static str, &'static str);
 
+/// The pprof period of a profile type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Period {
+    /// One sample per sampling interval: `cpu/nanoseconds`, 1e9 / frequency.
+    SamplingInterval,
+    /// No fixed period (events of any length): the amount's own type, 1.
+    One,
+}
+
+/// Which of a sample's two values the views (flame graph, top, folded) add.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ViewValue {
+    /// Samples: they come at a fixed period, so they add up to time.
+    Count,
+    /// The amount: events of any length add up only by it.
+    Amount,
+}
+
+/// The names a pushed profile of this type has in each backend (the
+/// `__name__` series label); None: not pushed there.
+#[derive(Debug)]
+pub struct PushNames {
+    pub pyroscope: Option<&'static str>,
+    pub parca: Option<&'static str>,
+}
+
+/// Everything that varies with a [`ProfileType`].
+#[derive(Debug)]
+pub struct TypeDescription {
+    /// In `?type=`, `--type` and messages.
+    pub name: &'static str,
+    /// Other spellings `?type=` accepts.
+    pub aliases: &'static [&'static str],
+    /// What it measures, for people: titles and headers.
+    pub title: &'static str,
+    /// The pprof sample types, in value order: [count, amount]. Names as
+    /// the ecosystem reads them: Go's and Pyroscope's CPU profile; off-CPU
+    /// as the OpenTelemetry profiler and Parca name it; wall as Pyroscope's.
+    pub sample_types: [ValueName; 2],
+    pub period: Period,
+    /// The unit of the amount (every kind it includes shares it).
+    pub unit: Unit,
+    pub views_count: ViewValue,
+    /// Its Go-compatible endpoint (blocks `seconds`, answers that window).
+    pub go_path: &'static str,
+    pub push: PushNames,
+    /// What the index page's column means.
+    pub explanation: &'static str,
+    /// The `/threads` field of the sum of its kinds' amounts, when that is
+    /// not already one kind's field.
+    pub threads_total: Option<&'static str>,
+}
+
 impl ProfileType {
     pub const ALL: [ProfileType; 3] = [Self::Cpu, Self::OffCpu, Self::Wall];
 
-    pub fn parse(text: &str) -> Option<Self> {
-        match text {
-            "cpu" => Some(Self::Cpu),
-            "offcpu" | "off-cpu" | "off_cpu" => Some(Self::OffCpu),
-            "wall" => Some(Self::Wall),
-            _ => None,
+    pub const fn describe(self) -> &'static TypeDescription {
+        match self {
+            Self::Cpu => &TypeDescription {
+                name: "cpu",
+                aliases: &[],
+                title: "CPU",
+                sample_types: [("samples", "count"), ("cpu", "nanoseconds")],
+                period: Period::SamplingInterval,
+                unit: Unit::Nanoseconds,
+                views_count: ViewValue::Count,
+                go_path: "/debug/pprof/profile",
+                push: PushNames {
+                    pyroscope: Some("process_cpu"),
+                    parca: Some("process_cpu"),
+                },
+                explanation: "CPU is measured in the kernel, as a share of one CPU: 100% is one CPU busy for the whole window.",
+                threads_total: None,
+            },
+            Self::OffCpu => &TypeDescription {
+                name: "offcpu",
+                aliases: &["off-cpu", "off_cpu"],
+                title: "off-CPU",
+                sample_types: [("events", "count"), ("off_cpu", "nanoseconds")],
+                period: Period::One,
+                unit: Unit::Nanoseconds,
+                views_count: ViewValue::Amount,
+                go_path: "/debug/pprof/offcpu",
+                push: PushNames {
+                    pyroscope: Some("off_cpu"),
+                    parca: Some("off_cpu"),
+                },
+                explanation: "off-CPU is the time threads waited (blocked, or runnable for a CPU), as a share of one thread: 100% is one thread waiting for the whole window.",
+                threads_total: Some("off_cpu_ns"),
+            },
+            // Wall is CPU plus off-CPU: pushing it too would send both twice.
+            Self::Wall => &TypeDescription {
+                name: "wall",
+                aliases: &[],
+                title: "wall-clock",
+                sample_types: [("samples", "count"), ("wall", "nanoseconds")],
+                period: Period::One,
+                unit: Unit::Nanoseconds,
+                views_count: ViewValue::Amount,
+                go_path: "/debug/pprof/wall",
+                push: PushNames {
+                    pyroscope: None,
+                    parca: None,
+                },
+                explanation: "wall-clock is CPU plus off-CPU time, as a share of one thread: 100% is one thread's whole window.",
+                threads_total: None,
+            },
         }
     }
 
+    pub fn parse(text: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|profile_type| {
+            let description = profile_type.describe();
+            description.name == text || description.aliases.contains(&text)
+        })
+    }
+
     pub fn name(self) -> &'static str {
-        match self {
-            Self::Cpu => "cpu",
-            Self::OffCpu => "offcpu",
-            Self::Wall => "wall",
-        }
+        self.describe().name
     }
 
     /// True when samples of `kind` belong to this profile.
     pub fn includes(self, kind: SampleKind) -> bool {
+        let kind = kind.describe();
         match self {
-            Self::Cpu => kind == SampleKind::Cpu,
-            Self::OffCpu => kind.is_off_cpu(),
-            Self::Wall => true,
+            Self::Wall => kind.in_wall,
+            Self::Cpu | Self::OffCpu => kind.profile == self,
         }
     }
 
-    /// The pprof sample types, in value order: [count-like, nanoseconds].
-    /// Names as the ecosystem reads them: Go's and Pyroscope's CPU profile
-    /// (`samples/count`, `cpu/nanoseconds`); off-CPU as the OpenTelemetry
-    /// profiler and Parca name it (`events/count`, `off_cpu/nanoseconds`);
-    /// wall as Pyroscope's wall profiles (`samples/count`, `wall/nanoseconds`).
+    /// The kinds this profile adds up.
+    pub fn kinds(self) -> impl Iterator<Item = SampleKind> {
+        SampleKind::ALL
+            .into_iter()
+            .filter(move |&kind| self.includes(kind))
+    }
+
+    /// Ok when every kind it adds up is recorded; else the source that is
+    /// off. A profile missing some of its kinds would look like threads
+    /// never wait (or never run): it is refused rather than answered.
+    pub fn available(self, recorded: KindSet) -> Result<(), Source> {
+        match self.kinds().find(|&kind| !recorded.contains(kind)) {
+            None => Ok(()),
+            Some(kind) => Err(kind.source()),
+        }
+    }
+
+    /// The pprof sample types, in value order: [count-like, amount].
     pub fn sample_types(self) -> [ValueName; 2] {
-        match self {
-            Self::Cpu => [("samples", "count"), ("cpu", "nanoseconds")],
-            Self::OffCpu => [("events", "count"), ("off_cpu", "nanoseconds")],
-            Self::Wall => [("samples", "count"), ("wall", "nanoseconds")],
-        }
+        self.describe().sample_types
     }
 
-    /// The name of the time value, in views (`/top`, the index).
-    pub fn time_name(self) -> &'static str {
-        self.sample_types()[1].0
-    }
-
-    /// What the profile measures, for people: titles and headers.
     pub fn title(self) -> &'static str {
-        match self {
-            Self::Cpu => "CPU",
-            Self::OffCpu => "off-CPU",
-            Self::Wall => "wall-clock",
-        }
+        self.describe().title
     }
 
-    /// True when the views (flame graph, top, folded) count nanoseconds
-    /// rather than samples: waits have no fixed period, so only their time
-    /// adds up meaningfully (and wall adds CPU time to it).
+    /// True when the views (flame graph, top, folded) add amounts rather
+    /// than samples.
     pub fn counts_time(self) -> bool {
-        self != Self::Cpu
+        match self.describe().views_count {
+            ViewValue::Count => false,
+            ViewValue::Amount => true,
+        }
     }
 
     /// The accepted names, for messages: `cpu, offcpu or wall`.
-    pub fn accepted() -> &'static str {
-        "cpu, offcpu or wall"
+    pub fn accepted() -> String {
+        listed(&Self::ALL.map(Self::name), "or")
+    }
+}
+
+/// Names for a message: `a, b or c` (`word` = "or").
+pub fn listed(items: &[&str], word: &str) -> String {
+    match items.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} {word} {last}", rest.join(", ")),
+        Some((last, _)) => (*last).to_owned(),
+        None => String::new(),
     }
 }
 
@@ -136,32 +389,4 @@ impl fmt::Display for ProfileType {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn types_parse_their_names_and_include_their_kinds() {
-        for profile_type in ProfileType::ALL {
-            assert_eq!(ProfileType::parse(profile_type.name()), Some(profile_type));
-        }
-        assert_eq!(ProfileType::parse("heap"), None);
-        assert!(ProfileType::Cpu.includes(SampleKind::Cpu));
-        assert!(!ProfileType::Cpu.includes(SampleKind::OffCpuBlocked));
-        assert!(ProfileType::OffCpu.includes(SampleKind::OffCpuRunnable));
-        assert!(!ProfileType::OffCpu.includes(SampleKind::Cpu));
-        assert!(
-            ProfileType::Wall.includes(SampleKind::Cpu)
-                && ProfileType::Wall.includes(SampleKind::OffCpuBlocked)
-        );
-    }
-
-    #[test]
-    fn bpf_kinds_map_one_to_one() {
-        assert_eq!(SampleKind::from_bpf(sample_kind::CPU), Some(SampleKind::Cpu));
-        assert_eq!(
-            SampleKind::from_bpf(sample_kind::OFF_CPU_RUNNABLE),
-            Some(SampleKind::OffCpuRunnable)
-        );
-        assert_eq!(SampleKind::from_bpf(99), None);
-    }
-}
+mod tests;

@@ -32,7 +32,7 @@ use crate::{
         worker::{WorkerClient, WorkerConfig},
     },
 };
-use crate::{error::Chain, procfs::ProcRoot};
+use crate::{error::Chain, kind::KindSet, procfs::ProcRoot};
 
 /// A batch that waited longer than this for the symbolizer is logged: the
 /// profiles being served are that stale.
@@ -145,7 +145,7 @@ pub struct Pipeline {
     threads: Vec<JoinHandle<()>>,
     cpus: usize,
     frequency: u64,
-    off_cpu: bool,
+    kinds: KindSet,
     map_sizes: MapSizes,
     started_ms: u64,
     proc_root: ProcRoot,
@@ -159,7 +159,7 @@ impl Pipeline {
         let started_ms = crate::unix_now_ms();
         let (sampler, drainer, events, unwind_maps) = Sampler::start(&options.sampler)?;
         let cpus = sampler.cpus();
-        let off_cpu = sampler.off_cpu();
+        let kinds = sampler.kinds();
         let (store, store_task) = store::spawn(Store::new(options.store, options.sampler.frequency));
         stages.watch_task("store", store_task);
         let (status_tx, status) = watch::channel(PipelineStatus::default());
@@ -295,7 +295,7 @@ impl Pipeline {
             threads,
             cpus,
             frequency: options.sampler.frequency,
-            off_cpu,
+            kinds,
             map_sizes: options.sampler.map_sizes,
             started_ms,
             proc_root: options.proc_root,
@@ -367,10 +367,13 @@ impl Pipeline {
         &self.proc_root
     }
 
-    /// True when off-CPU waits are recorded (`--off-cpu`, and the kernel
-    /// allows it): off-CPU and wall profiles exist only then.
-    pub fn off_cpu(&self) -> bool {
-        self.off_cpu
+    /// The kinds of samples recorded (off-CPU waits with `--off-cpu`,
+    /// where the kernel allows it): a profile type exists only when all of
+    /// its kinds are recorded ([`ProfileType::available`]).
+    ///
+    /// [`ProfileType::available`]: crate::kind::ProfileType::available
+    pub fn kinds(&self) -> KindSet {
+        self.kinds
     }
 
     /// Capacities of the BPF maps (per buffer).

@@ -6,7 +6,7 @@ use profiler_common::Counter;
 
 use crate::{
     cli::{Format, RecordArgs},
-    kind::ProfileType,
+    kind::{ProfileType, ViewValue},
     pipeline::{Pipeline, PipelineError, PipelineOptions, PipelineStatus},
     profile::Filter,
     profile::Window,
@@ -19,8 +19,8 @@ use crate::{
 pub enum RecordError {
     #[error("no process with pid {0}")]
     NoSuchProcess(u32),
-    #[error("--type {0} needs off-CPU profiling, which this kernel does not allow (see the warning above)")]
-    OffCpuUnavailable(ProfileType),
+    #[error("--type {0}: its samples cannot be recorded on this kernel (see the warning above)")]
+    Unavailable(ProfileType),
     #[error(transparent)]
     Pipeline(#[from] PipelineError),
     #[error("the sample store stopped unexpectedly")]
@@ -52,16 +52,19 @@ pub async fn run(args: RecordArgs) -> Result<(), RecordError> {
         ..args.sampling.pipeline_options(store)
     };
     let profile_type = args.profile_type;
-    // Waits are recorded only when asked for: an off-CPU or wall recording asks.
-    options.sampler.off_cpu.enabled |= profile_type != ProfileType::Cpu;
+    // Each source is on only when asked for: an off-CPU or wall recording
+    // asks for waits.
+    for kind in profile_type.kinds() {
+        options.sampler.enable(kind.source());
+    }
     // A stage that ends early is logged as it ends, and the drain below then
     // fails with "the pipeline has stopped".
     let supervisor = Supervisor::new();
     let pipeline = Pipeline::start(options, &supervisor.reporter())?;
-    if profile_type != ProfileType::Cpu && !pipeline.off_cpu() {
+    if profile_type.available(pipeline.kinds()).is_err() {
         supervisor.stop();
         pipeline.shutdown().await;
-        return Err(RecordError::OffCpuUnavailable(profile_type));
+        return Err(RecordError::Unavailable(profile_type));
     }
     let interrupted = tokio::select! {
         () = tokio::time::sleep(Duration::from_secs(args.seconds)) => false,
@@ -98,14 +101,15 @@ pub async fn run(args: RecordArgs) -> Result<(), RecordError> {
     } else {
         args.output.display().to_string()
     };
-    let what = match profile_type {
-        ProfileType::Cpu => format!("{} samples", profile.total_samples()),
-        other => format!(
-            "{} {} ({:.3} s of {} time)",
+    let description = profile_type.describe();
+    let what = match description.views_count {
+        ViewValue::Count => format!("{} samples", profile.total_samples()),
+        ViewValue::Amount => format!(
+            "{} {} ({} of {} time)",
             profile.total_samples(),
-            other.sample_types()[0].0,
-            profile.total_value() as f64 / 1e9,
-            other.title()
+            description.sample_types[0].0,
+            description.unit.human(profile.total_value()),
+            description.title
         ),
     };
     eprintln!(

@@ -161,7 +161,7 @@ fn profiles() -> impl Strategy<Value = Profile> {
                 thread_name: thread_name.into(),
                 stack,
                 count,
-                ns,
+                amount: ns,
                 cgroup: None,
                 ns_pid: None,
             },
@@ -242,7 +242,7 @@ proptest! {
     fn every_profile_renders_as_views(mut profile in profiles(), nasty in hostile_names()) {
         // Real times are bounded by real time; sums of arbitrary u64s would overflow.
         for sample in &mut profile.samples {
-            sample.ns %= 1 << 40;
+            sample.amount %= 1 << 40;
         }
         // any::<String>() has no control characters: add a process that names
         // itself and its function with them.
@@ -268,7 +268,7 @@ proptest! {
                 }]),
             }),
             count: 1,
-            ns: 1,
+            amount: 1,
             cgroup: None,
             ns_pid: None,
         });

@@ -243,7 +243,7 @@ pub(crate) fn count<C: EbpfContext>(
     counts: &HashMap<SampleKey, SampleValue>,
     key: &SampleKey,
     count: u64,
-    ns: u64,
+    amount: u64,
 ) {
     // The key holds the tid and a thread runs on one CPU at a time (and
     // is switched in on one), so no other CPU updates this entry
@@ -252,11 +252,11 @@ pub(crate) fn count<C: EbpfContext>(
         // SAFETY: the key holds the tid, so only this CPU updates this entry now.
         unsafe {
             (*value).count += count;
-            (*value).ns += ns;
+            (*value).amount += amount;
         }
         return;
     }
-    let value = SampleValue { count, ns };
+    let value = SampleValue { count, amount };
     if counts.insert(key, &value, BPF_NOEXIST as u64).is_err() && bump(Counter::CountsMapFull) == 0 {
         warn!(
             ctx,
@@ -294,9 +294,10 @@ pub(crate) fn unwound_stack_id(walk: *mut Walk, stacks: &HashMap<u32, UnwoundSta
     -EEXIST
 }
 
-/// Copies a sample with both stacks into the spill ring; false if it is full.
+/// Copies a sample (its kind, count 1 and `amount`) with both stacks into
+/// the spill ring; false if it is full.
 #[inline(always)]
-fn spill(ctx: &PerfEventContext, key: &SampleKey, cpu_ns: u64, user: UserStack) -> bool {
+fn spill(ctx: &PerfEventContext, key: &SampleKey, amount: u64, user: UserStack) -> bool {
     let Some(mut entry) = SPILLED_SAMPLES.reserve::<SpilledSample>(0) else {
         bump(Counter::SpillLost);
         return false;
@@ -310,8 +311,9 @@ fn spill(ctx: &PerfEventContext, key: &SampleKey, cpu_ns: u64, user: UserStack) 
         (*sample).tid = key.tid;
         (*sample).instance = key.instance;
         (*sample).comm = key.comm;
+        (*sample).kind = key.kind;
         (*sample).reserved = 0;
-        (*sample).cpu_ns = cpu_ns;
+        (*sample).amount = amount;
         (*sample).cgroup_id = key.cgroup_id;
         let frames = core::ptr::addr_of_mut!((*sample).user).cast();
         (*sample).user_len = match user {

@@ -262,6 +262,20 @@ impl Parca {
             .collect()
     }
 
+    /// The profile types Parca holds, as its queries name them
+    /// (`name:sample:unit:period:unit`, `:delta` for delta profiles).
+    pub fn profile_types(&self) -> Vec<String> {
+        let json = self.query(&["types"]);
+        json.as_array()
+            .map(|types| {
+                types
+                    .iter()
+                    .filter_map(|name| name.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     /// Label names Parca knows in [start_ms, end_ms].
     pub fn label_names(&self, start_ms: u64, end_ms: u64) -> Vec<String> {
         let json = self.query(&["labels", &start_ms.to_string(), &end_ms.to_string()]);

@@ -11,7 +11,7 @@ use std::{collections::HashMap as StdHashMap, sync::Arc, time::Duration};
 use aya::maps::{Array, HashMap, IterableMap, MapData, MapError, PerCpuArray, RingBuf, StackTraceMap};
 use profiler_common::{
     CONTROL_GENERATION, Counter, MAX_STACK_DEPTH, SPILLED_STACK_ID_BASE, SampleKey, SampleValue,
-    SpilledSample, UnwoundStack, Wait, maps, sample_kind,
+    SpilledSample, UnwoundStack, Wait, maps,
 };
 
 use super::{
@@ -127,7 +127,7 @@ impl Drainer {
             .extend(keys.iter().zip(values.iter()).map(|(&key, value)| RawSample {
                 key,
                 count: value.count,
-                ns: value.ns,
+                amount: value.amount,
             }));
         batch.read_errors += match &mut self.user_stacks {
             UserStackMaps::StackTraces(maps) => {
@@ -189,7 +189,9 @@ impl Drainer {
                 user_stack_id: stack_id(spilled.user_len, &spilled.user, &mut batch.user_stacks),
                 kernel_stack_id: stack_id(spilled.kernel_len, &spilled.kernel, &mut batch.kernel_stacks),
                 comm: spilled.comm,
-                kind: sample_kind::CPU,
+                // Checked where every key's kind is (symbolize: unknown
+                // kinds are counted, not guessed).
+                kind: spilled.kind,
                 reserved: 0,
                 generation,
                 reserved2: 0,
@@ -198,7 +200,7 @@ impl Drainer {
             batch.samples.push(RawSample {
                 key,
                 count: 1,
-                ns: spilled.cpu_ns,
+                amount: spilled.amount,
             });
             batch.spilled += 1;
         }

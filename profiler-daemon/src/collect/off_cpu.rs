@@ -97,14 +97,18 @@ impl WaitTracker {
                 continue;
             }
             let key = self.restack(batch, sample.key, &mut next_id);
-            let mut ns = sample.ns;
+            let mut amount = sample.amount;
             if let Some(credited) = self.credited.get(&key.tid)
                 && credited.generation == sample.key.generation
             {
-                ns = ns.saturating_sub(credited.ns);
+                amount = amount.saturating_sub(credited.ns);
                 self.credited.remove(&key.tid);
             }
-            batch.samples[index] = RawSample { key, ns, ..sample };
+            batch.samples[index] = RawSample {
+                key,
+                amount,
+                ..sample
+            };
         }
         self.credit_ongoing(batch, generation, flipped_ns, waits, &mut next_id);
         let drains = self.drains;
@@ -178,7 +182,11 @@ impl WaitTracker {
                 self.restack(batch, key, next_id)
             };
             // Waits are counted when they end; here only their time so far.
-            batch.samples.push(RawSample { key, count: 0, ns });
+            batch.samples.push(RawSample {
+                key,
+                count: 0,
+                amount: ns,
+            });
         }
     }
 

@@ -13,7 +13,7 @@ pub struct RawSample {
     /// Samples, or waits.
     pub count: u64,
     /// Nanoseconds of CPU, or of waiting.
-    pub ns: u64,
+    pub amount: u64,
 }
 
 /// Cumulative BPF counters, summed over CPUs, indexed by `Counter as usize`.

@@ -14,7 +14,10 @@ use profiler_common::{
 };
 
 use super::{CollectError, Drainer, btf, clock::monotonic_now_ns, drain::UserStackMaps};
-use crate::error::Chain;
+use crate::{
+    error::Chain,
+    kind::{KindSet, Source},
+};
 
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler-ebpf"));
 
@@ -73,6 +76,17 @@ pub struct SamplerOptions {
     pub python_frames: bool,
 }
 
+impl SamplerOptions {
+    /// Turns on the program of `source` (`record --type` asks for what its
+    /// type needs).
+    pub fn enable(&mut self, source: Source) {
+        match source {
+            Source::CpuClock => {}
+            Source::SchedSwitch => self.off_cpu.enabled = true,
+        }
+    }
+}
+
 /// Off-CPU profiling: the sched_switch program, when enabled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OffCpuOptions {
@@ -111,7 +125,8 @@ pub struct Sampler {
     ebpf: Ebpf,
     logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
     cpus: usize,
-    off_cpu: bool,
+    /// The kinds of samples recorded: those of the programs attached.
+    kinds: KindSet,
 }
 
 impl Sampler {
@@ -306,7 +321,10 @@ impl Sampler {
                 ebpf,
                 logger,
                 cpus: cpus.len(),
-                off_cpu: off_cpu_on,
+                kinds: KindSet::produced_by(|source| match source {
+                    Source::CpuClock => true,
+                    Source::SchedSwitch => off_cpu_on,
+                }),
             },
             drainer,
             events,
@@ -319,9 +337,10 @@ impl Sampler {
         self.cpus
     }
 
-    /// True when off-CPU waits are recorded: asked for, and possible here.
-    pub fn off_cpu(&self) -> bool {
-        self.off_cpu
+    /// The kinds of samples recorded: off-CPU waits when asked for and
+    /// possible here.
+    pub fn kinds(&self) -> KindSet {
+        self.kinds
     }
 
     /// Forwards pending BPF-side log records to the daemon's log.

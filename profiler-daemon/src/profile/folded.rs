@@ -95,7 +95,7 @@ mod tests {
             thread_name: "t".into(),
             stack: stack.clone(),
             count,
-            ns: count * 1_000,
+            amount: count * 1_000,
             cgroup: None,
             ns_pid: None,
         };

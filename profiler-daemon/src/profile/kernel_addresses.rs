@@ -102,7 +102,7 @@ mod tests {
             thread_name: "t".into(),
             stack: stack.clone(),
             count: 1,
-            ns: 1,
+            amount: 1,
             cgroup: None,
             ns_pid: None,
         }

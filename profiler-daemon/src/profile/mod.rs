@@ -12,7 +12,10 @@ mod window;
 pub use filter::Filter;
 pub use window::Window;
 
-use crate::{kind::ProfileType, symbolize::SymbolizedSample};
+use crate::{
+    kind::{ProfileType, ViewValue},
+    symbolize::SymbolizedSample,
+};
 
 /// Samples aggregated over a window, one per distinct
 /// (pid, tid, comm, thread name, stack).
@@ -35,12 +38,12 @@ impl Profile {
     }
 
     /// What the views add up for `sample`: samples for a CPU profile,
-    /// nanoseconds for the others (see [`ProfileType::counts_time`]).
+    /// amounts (waited nanoseconds) for the others: the type's
+    /// [`ViewValue`].
     pub fn value(&self, sample: &SymbolizedSample) -> u64 {
-        if self.profile_type.counts_time() {
-            sample.ns
-        } else {
-            sample.count
+        match self.profile_type.describe().views_count {
+            ViewValue::Count => sample.count,
+            ViewValue::Amount => sample.amount,
         }
     }
 
@@ -48,12 +51,12 @@ impl Profile {
         self.samples.iter().map(|sample| self.value(sample)).sum()
     }
 
-    /// The unit of [`Profile::value`]: `samples` or `ns`.
+    /// The unit of [`Profile::value`]: `samples`, or the amount's (`ns`).
     pub fn value_unit(&self) -> &'static str {
-        if self.profile_type.counts_time() {
-            "ns"
-        } else {
-            "samples"
+        let description = self.profile_type.describe();
+        match description.views_count {
+            ViewValue::Count => "samples",
+            ViewValue::Amount => description.unit.short(),
         }
     }
 }

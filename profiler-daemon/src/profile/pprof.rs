@@ -1,7 +1,7 @@
 //! pprof (`profile.proto`) encoding of a [`Profile`], gzipped as served.
 //!
 //! Conventions followed (see the project notes on pprof): sample types from
-//! the profile's type ([`ProfileType::sample_types`]): `[samples/count,
+//! the profile's type ([`crate::kind::ProfileType::sample_types`]): `[samples/count,
 //! cpu/nanoseconds]` for CPU, `[events/count, off_cpu/nanoseconds]` for
 //! off-CPU, `[samples/count, wall/nanoseconds]` for wall; ids 1..N in table
 //! order (Parca rejects anything else), `string_table[0] == ""`, locations
@@ -23,7 +23,7 @@ use flate2::{Compression, write::GzEncoder};
 use prost::Message;
 
 use super::Profile;
-use crate::{kind::ProfileType, symbolize::SymbolizedSample};
+use crate::{kind::Period, symbolize::SymbolizedSample};
 use builder::Builder;
 
 const NANOS_PER_SECOND: u64 = 1_000_000_000;
@@ -89,9 +89,9 @@ pub fn build_with(profile: &Profile, labels: SampleLabels) -> proto::Profile {
                 r#type: builder.string(r#type),
                 unit: builder.string(unit),
             });
-    let period = match profile.profile_type {
-        ProfileType::Cpu => period_nanos(profile.frequency),
-        ProfileType::OffCpu | ProfileType::Wall => 1,
+    let period = match profile.profile_type.describe().period {
+        Period::SamplingInterval => period_nanos(profile.frequency),
+        Period::One => 1,
     };
     let sample_type = vec![count_type, time_type];
     let keys = LabelKeys {
@@ -120,7 +120,7 @@ pub fn build_with(profile: &Profile, labels: SampleLabels) -> proto::Profile {
         samples.push(proto::Sample {
             location_id,
             // Measured time (CPU time, or the time waited), not count × period.
-            value: vec![count, to_i64(sample.ns)],
+            value: vec![count, to_i64(sample.amount)],
             label,
         });
     }

@@ -8,7 +8,10 @@ use std::{collections::HashMap, sync::Arc};
 use serde::Serialize;
 
 use super::Profile;
-use crate::symbolize::{FrameKind, SymbolizedStack};
+use crate::{
+    kind::ViewValue,
+    symbolize::{FrameKind, SymbolizedStack},
+};
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct FunctionCost {
@@ -37,7 +40,7 @@ pub fn top(profile: &Profile, limit: usize) -> Vec<FunctionCost> {
             .entry(Arc::as_ptr(&sample.stack))
             .or_insert((&sample.stack, 0, 0));
         entry.1 += profile.value(sample);
-        entry.2 += sample.ns;
+        entry.2 += sample.amount;
     }
     let cpu_ns = |ns| (!profile.profile_type.counts_time()).then_some(ns);
     let mut costs: HashMap<String, FunctionCost> = HashMap::new();
@@ -92,14 +95,16 @@ fn display_name(name: &str, kind: FrameKind) -> String {
 pub fn table(profile: &Profile, costs: &[FunctionCost]) -> String {
     let total_value = profile.total_value();
     let total = total_value.max(1);
-    let what = if profile.profile_type.counts_time() {
-        format!(
-            "{total_value} ns of {} time ({:.3} s), in nanoseconds",
-            profile.profile_type.title(),
-            total_value as f64 / 1e9
-        )
-    } else {
-        format!("{total_value} samples")
+    let description = profile.profile_type.describe();
+    let what = match description.views_count {
+        ViewValue::Amount => format!(
+            "{total_value} {} of {} time ({}), in {}",
+            description.unit.short(),
+            description.title,
+            description.unit.human(total_value),
+            description.unit.pprof_name()
+        ),
+        ViewValue::Count => format!("{total_value} samples"),
     };
     // Nanosecond columns are wider than sample counts.
     let width = total_value.to_string().len().max(8);
@@ -184,7 +189,7 @@ mod tests {
                     thread_name: "w".into(),
                     stack,
                     count,
-                    ns: count * 10,
+                    amount: count * 10,
                     cgroup: None,
                     ns_pid: None,
                 })

@@ -10,8 +10,7 @@ use super::{Backend, CommonLabels, TargetStats, encode, spool::Queued};
 use crate::{
     kind::ProfileType,
     pipeline::Pipeline,
-    profile::Filter,
-    profile::Window,
+    profile::{Filter, Profile, Window},
     store::{Query, Visible},
 };
 
@@ -55,22 +54,15 @@ impl Cutter {
             return;
         }
         let window = Window::between_drains(*last_ms, newest.time_ms);
-        let query = Query {
-            window,
-            filter: Filter::default(),
-            visible: Visible::All,
-            profile_type: ProfileType::Cpu,
-        };
-        let Ok(mut profile) = self.pipeline.store().query(query).await else {
+        let Some(profiles) = self.profiles(window).await else {
             // The store is gone: the daemon is stopping (or failing, which
             // the supervisor reports).
             return;
         };
         *last_ms = newest.time_ms;
-        if profile.samples.is_empty() {
+        if profiles.is_empty() {
             return;
         }
-        profile.window = window;
         let mut backends: Vec<Backend> = Vec::new();
         for (backend, ..) in &self.outlets {
             if !backends.contains(backend) {
@@ -84,7 +76,7 @@ impl Cutter {
                 .into_iter()
                 .map(|backend| {
                     let cpu_before = thread_cpu_ns();
-                    let request = encode(backend, &profile, &common);
+                    let request = encode(backend, &profiles, &common);
                     (backend, request, thread_cpu_ns().saturating_sub(cpu_before))
                 })
                 .collect::<Vec<_>>()
@@ -143,6 +135,42 @@ impl Cutter {
                 }
             }
         }
+    }
+}
+
+impl Cutter {
+    /// The window's profile of every type pushed, those with samples; None
+    /// when the store is gone.
+    async fn profiles(&self, window: Window) -> Option<Vec<Profile>> {
+        let mut profiles = Vec::new();
+        for profile_type in self.pushed_types() {
+            let query = Query {
+                window,
+                filter: Filter::default(),
+                visible: Visible::All,
+                profile_type,
+            };
+            let mut profile = self.pipeline.store().query(query).await.ok()?;
+            if !profile.samples.is_empty() {
+                // The window asked for, not the one its samples span.
+                profile.window = window;
+                profiles.push(profile);
+            }
+        }
+        Some(profiles)
+    }
+
+    /// The profile types pushed: those recorded that a target's backend
+    /// has a name for (CPU always; off-CPU with `--off-cpu`).
+    fn pushed_types(&self) -> impl Iterator<Item = ProfileType> + '_ {
+        let recorded = self.pipeline.kinds();
+        ProfileType::ALL.into_iter().filter(move |&profile_type| {
+            profile_type.available(recorded).is_ok()
+                && self
+                    .outlets
+                    .iter()
+                    .any(|(backend, ..)| backend.profile_name(profile_type).is_some())
+        })
     }
 }
 

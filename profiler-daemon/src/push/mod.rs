@@ -2,7 +2,8 @@
 //!
 //! A cutter wakes every interval and takes the window of drains since the
 //! previous cut (the store's drain-to-drain windows: each sample in exactly
-//! one window), asks the store for its CPU profile, splits it into series
+//! one window), asks the store for its profiles (CPU, and off-CPU when it
+//! is recorded: each type a backend has a name for), splits them into series
 //! ([`series`]), encodes one request per backend ([`request`]) and hands it
 //! to each target's [`sender`], which queues it in a bounded [`spool`] and
 //! sends it over [`client`] in the backend's protocol ([`backend`]).
@@ -34,9 +35,10 @@ use cutter::Cutter;
 use spool::Spool;
 
 /// Requests handed to a sender and not yet taken in: two windows' worth
-/// (a window is up to [`series::MAX_SERIES`] requests for Pyroscope, handed
-/// over in a row), since a sender takes them in at once, even mid-send.
-const HANDOFF_REQUESTS: usize = 2 * series::MAX_SERIES;
+/// (a window is up to [`series::MAX_SERIES`] requests per profile type for
+/// Pyroscope, handed over in a row), since a sender takes them in at once,
+/// even mid-send.
+const HANDOFF_REQUESTS: usize = 2 * series::MAX_SERIES * crate::kind::ProfileType::ALL.len();
 
 #[derive(Debug, thiserror::Error)]
 pub enum PushError {

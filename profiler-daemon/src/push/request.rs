@@ -8,7 +8,7 @@ use super::{
         LabelPair, LabelSet, ParcaSample, ParcaSeries, PushRequest, PyroscopeSample, PyroscopeSeries,
         WriteRawRequest,
     },
-    series::{self, PROFILE_NAME},
+    series,
     settings::{Backend, ExtraLabel},
 };
 use crate::profile::{Profile, pprof};
@@ -30,18 +30,24 @@ pub struct Encoded {
     pub series: usize,
 }
 
-/// Encodes `window` (a whole-machine CPU profile) for `backend`: for Parca
-/// one request, which it stores whole or not at all; for Pyroscope one
+/// Encodes a window's whole-machine profiles (one per profile type) for
+/// `backend`, each type under the name the backend knows it by
+/// ([`Backend::profile_name`]; types it has no name for are left out): for
+/// Parca one request, which it stores whole or not at all; for Pyroscope one
 /// request per series, since it may store some series of a request and
 /// still answer an error, and a retry of the whole would count those twice.
-pub fn encode(backend: Backend, window: &Profile, common: &CommonLabels) -> std::io::Result<Vec<Encoded>> {
+pub fn encode(backend: Backend, window: &[Profile], common: &CommonLabels) -> std::io::Result<Vec<Encoded>> {
     let labels = series::sample_labels(backend);
-    let series = series::split(window, labels);
-    let mut encoded = Vec::with_capacity(series.len());
-    for one in &series {
-        let pairs = series_labels(&one.service_name, common);
-        let raw_profile = pprof::encode_gzip_with(&one.profile, labels)?;
-        encoded.push((pairs, raw_profile, one.profile.total_samples()));
+    let mut encoded = Vec::new();
+    for profile in window {
+        let Some(name) = backend.profile_name(profile.profile_type) else {
+            continue;
+        };
+        for one in series::split(profile, labels) {
+            let pairs = series_labels(name, &one.service_name, common);
+            let raw_profile = pprof::encode_gzip_with(&one.profile, labels)?;
+            encoded.push((pairs, raw_profile, one.profile.total_samples()));
+        }
     }
     Ok(match backend {
         Backend::Pyroscope => encoded
@@ -63,8 +69,10 @@ pub fn encode(backend: Backend, window: &Profile, common: &CommonLabels) -> std:
                 series: 1,
             })
             .collect(),
+        Backend::Parca if encoded.is_empty() => Vec::new(),
         Backend::Parca => {
             let count = encoded.len();
+            let samples = encoded.iter().map(|(_, _, samples)| samples).sum();
             let message = WriteRawRequest {
                 tenant: String::new(),
                 series: encoded
@@ -78,7 +86,7 @@ pub fn encode(backend: Backend, window: &Profile, common: &CommonLabels) -> std:
             };
             vec![Encoded {
                 message: Bytes::from(message.encode_to_vec()),
-                samples: window.total_samples(),
+                samples,
                 series: count,
             }]
         }
@@ -86,12 +94,12 @@ pub fn encode(backend: Backend, window: &Profile, common: &CommonLabels) -> std:
 }
 
 /// A series' labels, sorted by name as both backends keep them.
-pub fn series_labels(service_name: &str, common: &CommonLabels) -> Vec<LabelPair> {
+pub fn series_labels(profile_name: &str, service_name: &str, common: &CommonLabels) -> Vec<LabelPair> {
     let pair = |name: &str, value: &str| LabelPair {
         name: name.to_owned(),
         value: value.to_owned(),
     };
-    let mut labels = vec![pair("__name__", PROFILE_NAME), pair("service_name", service_name)];
+    let mut labels = vec![pair("__name__", profile_name), pair("service_name", service_name)];
     // A configured hostname label replaces the machine's name.
     if !common.extra.iter().any(|label| label.name == "hostname") {
         labels.push(pair("hostname", &common.hostname));

@@ -1,4 +1,4 @@
-//! A window's whole-machine CPU profile cut into the series a backend
+//! A window's whole-machine profile (of one type) cut into the series a backend
 //! stores, with a bounded number of series and of label values.
 //!
 //! The rule (README, "Pushing to Pyroscope or Parca"):
@@ -6,8 +6,9 @@
 //!   (`nginx.service`) when it runs in one, else its process name (`comm`);
 //!   the sessions and scopes users log in with (`session-4.scope`) would
 //!   make a series per login, so they count as their process name;
-//! - every series carries `__name__="process_cpu"`, `hostname` and the
-//!   configured labels, and nothing else: pids and thread ids, which churn,
+//! - every series carries `__name__` (the type's name in that backend,
+//!   `process_cpu` for CPU, `off_cpu` for off-CPU: `kind.rs`), `hostname`
+//!   and the configured labels, and nothing else: pids and thread ids, which churn,
 //!   never become series labels;
 //! - past [`MAX_SERIES`] services in one window, the smallest are pushed
 //!   together as `service_name="[other]"`, so one odd window (a build
@@ -30,9 +31,6 @@ pub const MAX_SERIES: usize = 256;
 
 /// The `service_name` of the services beyond [`MAX_SERIES`].
 pub const OTHER_SERVICE: &str = "[other]";
-
-/// The profile name both backends know CPU profiles by.
-pub const PROFILE_NAME: &str = "process_cpu";
 
 /// One service's share of a window.
 #[derive(Clone, Debug)]
@@ -113,7 +111,7 @@ impl Merged {
         match self.samples.get_mut(&key) {
             Some(merged) => {
                 merged.count += sample.count;
-                merged.ns += sample.ns;
+                merged.amount += sample.amount;
             }
             None => {
                 let mut merged = sample.clone();

@@ -5,6 +5,8 @@ use std::{fmt, path::PathBuf, str::FromStr, time::Duration};
 
 use serde::Deserialize;
 
+use crate::kind::ProfileType;
+
 /// The API a target speaks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -20,6 +22,16 @@ impl Backend {
         match self {
             Self::Pyroscope => "pyroscope",
             Self::Parca => "parca",
+        }
+    }
+
+    /// The name (`__name__`) this backend stores `profile_type` under; None
+    /// when it is not pushed there (see its description in `kind.rs`).
+    pub fn profile_name(self, profile_type: ProfileType) -> Option<&'static str> {
+        let names = &profile_type.describe().push;
+        match self {
+            Self::Pyroscope => names.pyroscope,
+            Self::Parca => names.parca,
         }
     }
 }

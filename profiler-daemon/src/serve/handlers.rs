@@ -7,6 +7,7 @@ use axum::{
     extract::{RawQuery, State},
     http::{StatusCode, Uri},
     response::{IntoResponse, Response},
+    routing::{MethodRouter, get},
 };
 use tokio::sync::watch;
 
@@ -17,7 +18,10 @@ use super::{
     recent::{process_runs, recent},
     scrape::{Format, key::ShareKey},
 };
-use crate::{kind::ProfileType, profile::Window};
+use crate::{
+    kind::{ProfileType, listed},
+    profile::Window,
+};
 
 /// Go profiles that this profiler does not have; answered 404 at once.
 /// `block` and `mutex` stay here with off-CPU on: Go's mean contention
@@ -43,32 +47,15 @@ pub(super) async fn pprof(
     recent(&state, params, scope, Format::Pprof).await
 }
 
-/// `GET /debug/pprof/profile`: blocks `seconds`, then returns exactly what
-/// was sampled between the drains at either end.
-pub(super) async fn go_profile(
-    State(state): State<ServeState>,
-    Viewer(scope): Viewer,
-    RawQuery(query): RawQuery,
-) -> Result<Response, HttpError> {
-    go_typed(state, scope, query, ProfileType::Cpu).await
-}
-
-/// `GET /debug/pprof/offcpu`: as `/debug/pprof/profile`, off-CPU.
-pub(super) async fn go_offcpu(
-    State(state): State<ServeState>,
-    Viewer(scope): Viewer,
-    RawQuery(query): RawQuery,
-) -> Result<Response, HttpError> {
-    go_typed(state, scope, query, ProfileType::OffCpu).await
-}
-
-/// `GET /debug/pprof/wall`: as `/debug/pprof/profile`, wall-clock.
-pub(super) async fn go_wall(
-    State(state): State<ServeState>,
-    Viewer(scope): Viewer,
-    RawQuery(query): RawQuery,
-) -> Result<Response, HttpError> {
-    go_typed(state, scope, query, ProfileType::Wall).await
+/// The Go-compatible endpoint of `profile_type` (its description's
+/// `go_path`: `/debug/pprof/profile` for CPU): blocks `seconds`, then
+/// returns exactly what was sampled between the drains at either end.
+pub(super) fn go_endpoint(profile_type: ProfileType) -> MethodRouter<ServeState> {
+    get(
+        move |State(state): State<ServeState>, Viewer(scope): Viewer, RawQuery(query): RawQuery| {
+            go_typed(state, scope, query, profile_type)
+        },
+    )
 }
 
 async fn go_typed(
@@ -111,8 +98,14 @@ pub(super) async fn unsupported(uri: Uri) -> HttpError {
     HttpError::new(
         StatusCode::NOT_FOUND,
         format!(
-            "{}: profilerd serves CPU, off-CPU and wall-clock profiles only: /debug/pprof/profile, /debug/pprof/offcpu or /debug/pprof/wall?seconds=N, or /pprof?pid=P&seconds=N&type=cpu|offcpu|wall",
-            uri.path()
+            "{}: profilerd serves {} profiles only: {}?seconds=N, or /pprof?pid=P&seconds=N&type={}",
+            uri.path(),
+            listed(&ProfileType::ALL.map(ProfileType::title), "and"),
+            listed(
+                &ProfileType::ALL.map(|profile_type| profile_type.describe().go_path),
+                "or"
+            ),
+            ProfileType::ALL.map(ProfileType::name).join("|"),
         ),
     )
 }

@@ -12,7 +12,7 @@ use super::{
     threads::{self, ProcessReport},
 };
 use crate::{
-    kind::ProfileType,
+    kind::{KindSet, ProfileType, Source},
     profile::Filter,
     profile::{
         Profile,
@@ -24,11 +24,11 @@ use crate::{
 const MAX_THREAD_NAMES: usize = 20;
 
 /// The processes sampled in the window, busiest first (in the profile
-/// type's time), with links to switch type when off-CPU profiling is on.
+/// type's amount), with links to the other types `kinds` makes available.
 /// Every process and thread name comes from an arbitrary process and is
 /// escaped; nothing is loaded from elsewhere (the page works offline and
 /// leaks nothing).
-pub fn page(profile: &Profile, filter: &Filter, span: Span, off_cpu: bool) -> String {
+pub fn page(profile: &Profile, filter: &Filter, span: Span, kinds: KindSet) -> String {
     let profile_type = profile.profile_type;
     let report = threads::report(profile);
     let mut counts: HashMap<u32, u64> = HashMap::new();
@@ -37,8 +37,9 @@ pub fn page(profile: &Profile, filter: &Filter, span: Span, off_cpu: bool) -> St
     }
     let mut processes: Vec<&ProcessReport> = report.processes.iter().collect();
     processes.sort_by(|a, b| {
-        time_of(profile_type, b)
-            .cmp(&time_of(profile_type, a))
+        b.times
+            .amount(profile_type)
+            .cmp(&a.times.amount(profile_type))
             .then(a.pid.cmp(&b.pid))
     });
     // The window the page was asked for, as its links ask again.
@@ -49,9 +50,11 @@ pub fn page(profile: &Profile, filter: &Filter, span: Span, off_cpu: bool) -> St
     let page = Page {
         profile,
         window,
-        type_query: match profile_type {
-            ProfileType::Cpu => String::new(),
-            other => format!("&amp;type={other}"),
+        // The default type needs no parameter.
+        type_query: if profile_type == ProfileType::default() {
+            String::new()
+        } else {
+            format!("&amp;type={profile_type}")
         },
     };
     let units = page.units_table(&processes);
@@ -77,58 +80,45 @@ pub fn page(profile: &Profile, filter: &Filter, span: Span, off_cpu: bool) -> St
         escape_xml(&title(profile_type, filter, &profile.window)),
         profile.total_samples(),
         profile_type.sample_types()[0].0,
-        explanation(profile_type),
-        type_links(profile_type, window, off_cpu),
+        profile_type.describe().explanation,
+        type_links(profile_type, window, kinds),
         profile_type.sample_types()[0].0,
     )
 }
 
-/// What the time column means.
-fn explanation(profile_type: ProfileType) -> &'static str {
-    match profile_type {
-        ProfileType::Cpu => {
-            "CPU is measured in the kernel, as a share of one CPU: 100% is one CPU busy for the whole window."
-        }
-        ProfileType::OffCpu => {
-            "off-CPU is the time threads waited (blocked, or runnable for a CPU), as a share of one thread: 100% is one thread waiting for the whole window."
-        }
-        ProfileType::Wall => {
-            "wall-clock is CPU plus off-CPU time, as a share of one thread: 100% is one thread's whole window."
+/// The type shown, links to the others available, and what turns on
+/// those that are not.
+fn type_links(shown: ProfileType, window: &str, kinds: KindSet) -> String {
+    let mut links = Vec::new();
+    let mut off: Vec<(&str, Source)> = Vec::new();
+    for profile_type in ProfileType::ALL {
+        let title = profile_type.title();
+        match profile_type.available(kinds) {
+            _ if profile_type == shown => links.push(format!("<b>{title}</b>")),
+            Ok(()) => links.push(format!(
+                "<a href=\"/?{window}&amp;type={profile_type}\">{title}</a>"
+            )),
+            Err(source) => off.push((title, source)),
         }
     }
-}
-
-/// The type shown, and links to the others (or why there are none).
-fn type_links(shown: ProfileType, window: &str, off_cpu: bool) -> String {
-    if !off_cpu {
-        return "type: <b>CPU</b> · off-CPU and wall-clock profiles are off (start profilerd with --off-cpu)"
-            .to_owned();
+    let mut text = format!("type: {}", links.join(" · "));
+    // One sentence per source that is off: the types it would bring.
+    let mut sources: Vec<Source> = off.iter().map(|(_, source)| *source).collect();
+    sources.dedup();
+    for source in sources {
+        let titles: Vec<&str> = off
+            .iter()
+            .filter(|(_, of)| *of == source)
+            .map(|(title, _)| *title)
+            .collect();
+        let _ = write!(
+            text,
+            " · {} profiles are off ({})",
+            titles.join(" and "),
+            escape_xml(source.how_to_enable())
+        );
     }
-    let links = ProfileType::ALL
-        .iter()
-        .map(|&profile_type| {
-            if profile_type == shown {
-                format!("<b>{}</b>", profile_type.title())
-            } else {
-                format!(
-                    "<a href=\"/?{window}&amp;type={profile_type}\">{}</a>",
-                    profile_type.title()
-                )
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(" · ");
-    format!("type: {links}")
-}
-
-/// A process's time in the profile's type.
-fn time_of(profile_type: ProfileType, process: &ProcessReport) -> u64 {
-    let times = &process.times;
-    match profile_type {
-        ProfileType::Cpu => times.cpu_ns,
-        ProfileType::OffCpu => times.off_cpu_ns,
-        ProfileType::Wall => times.cpu_ns + times.off_cpu_ns,
-    }
+    text
 }
 
 /// What every row and link shares.
@@ -159,7 +149,7 @@ impl Page<'_> {
     }
 
     fn row(&self, out: &mut String, process: &ProcessReport, count: u64) {
-        let share = self.share(time_of(self.profile.profile_type, process));
+        let share = self.share(process.times.amount(self.profile.profile_type));
         let mut names: Vec<&str> = process
             .threads
             .iter()
@@ -192,7 +182,7 @@ impl Page<'_> {
         for process in processes {
             if let Some(unit) = &process.unit {
                 let entry = units.entry(unit).or_default();
-                entry.0 += time_of(profile_type, process);
+                entry.0 += process.times.amount(profile_type);
                 entry.1 += 1;
             }
         }

@@ -50,7 +50,7 @@ use self::{
     scrape::{ScrapeLimits, Scrapes},
     tls::Tls,
 };
-use crate::pipeline::Pipeline;
+use crate::{kind::ProfileType, pipeline::Pipeline};
 
 /// What every handler shares. Cloned per request: it holds handles only.
 #[derive(Clone)]
@@ -106,11 +106,14 @@ impl ServeState {
 
 /// The routes, for [`serve`] (and for tests driving the router directly).
 pub fn router(state: ServeState) -> Router {
-    let mut router = Router::new()
-        .route("/pprof", get(handlers::pprof))
-        .route("/debug/pprof/profile", get(handlers::go_profile))
-        .route("/debug/pprof/offcpu", get(handlers::go_offcpu))
-        .route("/debug/pprof/wall", get(handlers::go_wall))
+    let mut router = Router::new().route("/pprof", get(handlers::pprof));
+    for profile_type in ProfileType::ALL {
+        router = router.route(
+            profile_type.describe().go_path,
+            handlers::go_endpoint(profile_type),
+        );
+    }
+    router = router
         .route("/threads", get(views::threads))
         .route("/metrics", get(metrics::metrics))
         .route("/", get(views::index))
@@ -118,7 +121,14 @@ pub fn router(state: ServeState) -> Router {
         .route("/top", get(views::top_table))
         .route("/folded", get(views::folded_stacks));
     for name in handlers::UNSUPPORTED_GO_PROFILES {
-        router = router.route(&format!("/debug/pprof/{name}"), any(handlers::unsupported));
+        let path = format!("/debug/pprof/{name}");
+        // A profile type that serves one of Go's paths takes it.
+        if !ProfileType::ALL
+            .iter()
+            .any(|served| served.describe().go_path == path)
+        {
+            router = router.route(&path, any(handlers::unsupported));
+        }
     }
     router
         .fallback(handlers::not_found)

@@ -73,18 +73,19 @@ impl ServeState {
         }
     }
 
-    /// Off-CPU and wall profiles need off-CPU profiling on: without it they
-    /// would be empty (or CPU only) and look like threads never wait.
+    /// A profile type is answered only when all of its kinds are recorded:
+    /// an off-CPU or wall profile without waits would look like threads
+    /// never wait.
     pub(super) fn check_type(&self, profile_type: ProfileType) -> Result<(), HttpError> {
-        if profile_type == ProfileType::Cpu || self.pipeline.off_cpu() {
-            return Ok(());
-        }
-        Err(HttpError::new(
-            StatusCode::CONFLICT,
-            format!(
-                "type {profile_type}: off-CPU profiling is off in this daemon; start profilerd with --off-cpu (config file: off_cpu = true); if it was given, the log says why it is off"
-            ),
-        ))
+        profile_type.available(self.pipeline.kinds()).map_err(|off| {
+            HttpError::new(
+                StatusCode::CONFLICT,
+                format!(
+                    "type {profile_type}: its samples are not recorded in this daemon; {}",
+                    off.how_to_enable()
+                ),
+            )
+        })
     }
 }
 

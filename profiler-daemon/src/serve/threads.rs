@@ -6,7 +6,10 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::{kind::SampleKind, profile::Profile};
+use crate::{
+    kind::{ProfileType, SampleKind},
+    profile::Profile,
+};
 
 #[derive(Debug, Serialize, PartialEq, Eq)]
 pub struct ThreadsReport {
@@ -49,41 +52,52 @@ pub struct ThreadReport {
     pub times: Times,
 }
 
-/// A thread's (or process's) time, by kind.
-#[derive(Clone, Copy, Debug, Default, Serialize, PartialEq, Eq)]
+/// A thread's (or process's) samples and amounts, by kind. Written as the
+/// fields the descriptions name (`kind.rs`): `cpu_ns` (CPU time measured
+/// in the kernel, see the README) and `samples`; with `--off-cpu`,
+/// `off_cpu_blocked_ns`, `off_cpu_runnable_ns` and their sum `off_cpu_ns`
+/// (0 when off).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Times {
-    /// CPU time measured in the kernel (see the README), nanoseconds.
-    pub cpu_ns: u64,
-    /// CPU samples.
-    pub samples: u64,
-    /// Time waited off-CPU (`--off-cpu`), nanoseconds: blocked + runnable.
-    pub off_cpu_ns: u64,
-    /// Waits for an event (sleep, I/O, a lock).
-    pub off_cpu_blocked_ns: u64,
-    /// Waits in a run queue, for a CPU.
-    pub off_cpu_runnable_ns: u64,
+    counts: [u64; SampleKind::ALL.len()],
+    amounts: [u64; SampleKind::ALL.len()],
 }
 
 impl Times {
-    fn add_sample(&mut self, kind: SampleKind, count: u64, ns: u64) {
-        match kind {
-            SampleKind::Cpu => {
-                self.cpu_ns += ns;
-                self.samples += count;
-                return;
-            }
-            SampleKind::OffCpuBlocked => self.off_cpu_blocked_ns += ns,
-            SampleKind::OffCpuRunnable => self.off_cpu_runnable_ns += ns,
-        }
-        self.off_cpu_ns += ns;
+    fn add_sample(&mut self, kind: SampleKind, count: u64, amount: u64) {
+        self.counts[kind.index()] += count;
+        self.amounts[kind.index()] += amount;
     }
 
     fn add(&mut self, other: &Times) {
-        self.cpu_ns += other.cpu_ns;
-        self.samples += other.samples;
-        self.off_cpu_ns += other.off_cpu_ns;
-        self.off_cpu_blocked_ns += other.off_cpu_blocked_ns;
-        self.off_cpu_runnable_ns += other.off_cpu_runnable_ns;
+        for kind in SampleKind::ALL {
+            self.add_sample(kind, other.counts[kind.index()], other.amounts[kind.index()]);
+        }
+    }
+
+    /// The amount of `profile_type`: its kinds' added up.
+    pub fn amount(&self, profile_type: ProfileType) -> u64 {
+        profile_type.kinds().map(|kind| self.amounts[kind.index()]).sum()
+    }
+}
+
+impl Serialize for Times {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(None)?;
+        for kind in SampleKind::ALL {
+            let description = kind.describe();
+            map.serialize_entry(description.threads_amount, &self.amounts[kind.index()])?;
+            if let Some(name) = description.threads_count {
+                map.serialize_entry(name, &self.counts[kind.index()])?;
+            }
+        }
+        for profile_type in ProfileType::ALL {
+            if let Some(name) = profile_type.describe().threads_total {
+                map.serialize_entry(name, &self.amount(profile_type))?;
+            }
+        }
+        map.end()
     }
 }
 
@@ -123,7 +137,7 @@ pub fn report(profile: &Profile) -> ThreadsReport {
             thread_name: sample.thread_name.to_string(),
             times: Times::default(),
         });
-        thread.times.add_sample(sample.kind, sample.count, sample.ns);
+        thread.times.add_sample(sample.kind, sample.count, sample.amount);
     }
     for (&pid, (_, threads)) in processes.iter_mut() {
         for (&tid, thread) in threads.iter_mut() {
@@ -139,7 +153,12 @@ pub fn report(profile: &Profile) -> ThreadsReport {
         .into_iter()
         .map(|(pid, (comm, threads))| {
             let mut threads: Vec<ThreadReport> = threads.into_values().collect();
-            threads.sort_by(|a, b| b.times.cpu_ns.cmp(&a.times.cpu_ns).then(a.tid.cmp(&b.tid)));
+            threads.sort_by_key(|thread| {
+                (
+                    std::cmp::Reverse(thread.times.amount(ProfileType::Cpu)),
+                    thread.tid,
+                )
+            });
             let mut times = Times::default();
             for thread in &threads {
                 times.add(&thread.times);
@@ -158,7 +177,12 @@ pub fn report(profile: &Profile) -> ThreadsReport {
             }
         })
         .collect();
-    processes.sort_by(|a, b| b.times.cpu_ns.cmp(&a.times.cpu_ns).then(a.pid.cmp(&b.pid)));
+    processes.sort_by_key(|process| {
+        (
+            std::cmp::Reverse(process.times.amount(ProfileType::Cpu)),
+            process.pid,
+        )
+    });
     ThreadsReport {
         window: WindowReport {
             start_ms: profile.window.start_ms,
@@ -178,14 +202,21 @@ mod tests {
         symbolize::{SymbolizedSample, SymbolizedStack},
     };
 
-    fn times(cpu_ns: u64, samples: u64, blocked_ns: u64, runnable_ns: u64) -> Times {
-        Times {
-            cpu_ns,
-            samples,
-            off_cpu_ns: blocked_ns + runnable_ns,
-            off_cpu_blocked_ns: blocked_ns,
-            off_cpu_runnable_ns: runnable_ns,
-        }
+    /// What `/threads` reports of `times`: (cpu_ns, samples, blocked ns,
+    /// runnable ns); off_cpu_ns is their sum (checked in the JSON below).
+    fn reported(times: &Times) -> (u64, u64, u64, u64) {
+        let json = serde_json::to_value(times).expect("serializable");
+        let field = |name: &str| json[name].as_u64().unwrap_or_else(|| panic!("{name} in {json}"));
+        assert_eq!(
+            field("off_cpu_ns"),
+            field("off_cpu_blocked_ns") + field("off_cpu_runnable_ns")
+        );
+        (
+            field("cpu_ns"),
+            field("samples"),
+            field("off_cpu_blocked_ns"),
+            field("off_cpu_runnable_ns"),
+        )
     }
 
     #[test]
@@ -206,7 +237,7 @@ mod tests {
             thread_name: name.into(),
             stack: stack.clone(),
             count,
-            ns,
+            amount: ns,
             cgroup: (pid == 2).then(|| unit.clone()).flatten(),
             ns_pid: (pid == 2).then_some(7),
         };
@@ -241,33 +272,25 @@ mod tests {
         assert_eq!(report.processes.len(), 2);
         let busiest = &report.processes[0];
         assert_eq!(
-            (busiest.pid, busiest.times),
-            (2, times(800, 8, 53_000, 100)),
+            (busiest.pid, reported(&busiest.times)),
+            (2, (800, 8, 53_000, 100)),
             "CPU samples and ns from CPU samples only; waits by kind"
         );
         assert_eq!(
-            busiest.threads,
+            busiest
+                .threads
+                .iter()
+                .map(|thread| (thread.tid, &*thread.thread_name, reported(&thread.times)))
+                .collect::<Vec<_>>(),
             vec![
-                ThreadReport {
-                    tid: 20,
-                    thread_name: "worker".into(),
-                    times: times(700, 7, 0, 60),
-                },
-                ThreadReport {
-                    tid: 21,
-                    thread_name: "io".into(),
-                    times: times(100, 1, 3_000, 40),
-                },
-                ThreadReport {
-                    tid: 22,
-                    thread_name: "idle".into(),
-                    times: times(0, 0, 50_000, 0),
-                },
+                (20, "worker", (700, 7, 0, 60)),
+                (21, "io", (100, 1, 3_000, 40)),
+                (22, "idle", (0, 0, 50_000, 0)),
             ],
             "sorted by CPU time, however long a thread waited"
         );
         assert_eq!(report.processes[1].comm, "proc1");
-        assert_eq!(report.processes[1].times, times(10, 1, 9_000, 0));
+        assert_eq!(reported(&report.processes[1].times), (10, 1, 9_000, 0));
         assert_eq!(
             (busiest.unit.as_deref(), busiest.cgroup.as_deref(), busiest.ns_pid),
             (Some("a.service"), Some("/system.slice/a.service"), Some(7))

@@ -102,8 +102,8 @@ pub(super) async fn index(
 ) -> Result<Response, HttpError> {
     let params = params::parse_pprof(query.as_deref(), &state.limits())?;
     let span = params.span;
-    let off_cpu = state.pipeline.off_cpu();
-    recent(&state, params, scope, Format::Index { span, off_cpu }).await
+    let kinds = state.pipeline.kinds();
+    recent(&state, params, scope, Format::Index { span, kinds }).await
 }
 
 /// `GET /threads`: the report of `threads.rs`, as JSON.

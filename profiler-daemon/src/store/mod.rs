@@ -103,7 +103,7 @@ impl EntryKey {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct Totals {
     count: u64,
-    ns: u64,
+    amount: u64,
 }
 
 struct Bucket {
@@ -186,7 +186,7 @@ impl Store {
                     let bucket = self.buckets.back_mut().expect("a bucket was pushed above");
                     if let Some(totals) = bucket.entries.get_mut(&key) {
                         totals.count += sample.count;
-                        totals.ns += sample.ns;
+                        totals.amount += sample.amount;
                         continue;
                     }
                     // The new entry's reference, taken first: making room
@@ -223,7 +223,7 @@ impl Store {
                 key,
                 Totals {
                     count: sample.count,
-                    ns: sample.ns,
+                    amount: sample.amount,
                 },
             );
             *bucket.owners.entry(owner).or_default() += 1;
@@ -273,7 +273,7 @@ impl Store {
                 {
                     let total = totals.entry(key).or_default();
                     total.count += value.count;
-                    total.ns += value.ns;
+                    total.amount += value.amount;
                 }
             }
         }
@@ -299,7 +299,7 @@ impl Store {
                     thread_name: key.thread_name.clone(),
                     stack: self.stacks.get(key.stack)?.clone(),
                     count: totals.count,
-                    ns: totals.ns,
+                    amount: totals.amount,
                     cgroup: key.cgroup.clone(),
                     ns_pid: key.ns_pid,
                 })
@@ -320,8 +320,11 @@ impl Store {
             .buckets
             .iter()
             .filter(|bucket| window.contains(bucket.time_ms));
-        if profile_type == ProfileType::Wall {
-            // Every kind: the table sizes are the count.
+        if SampleKind::ALL
+            .into_iter()
+            .all(|kind| profile_type.includes(kind))
+        {
+            // Every kind (wall): the table sizes are the count.
             return buckets.map(|bucket| bucket.entries.len()).sum();
         }
         buckets

@@ -44,7 +44,7 @@ pub(super) fn sample(
         stack: stack.clone(),
         count,
         kind: SampleKind::Cpu,
-        ns: count * 10_000_000,
+        amount: count * 10_000_000,
         cgroup: None,
         ns_pid: None,
     }
@@ -128,7 +128,10 @@ fn window_selects_buckets() {
             end_ms: 106_001
         }
     );
-    assert_eq!(between.samples[0].ns, 20_000_000, "CPU time adds up like counts");
+    assert_eq!(
+        between.samples[0].amount, 20_000_000,
+        "CPU time adds up like counts"
+    );
     let all = store.query(&all(Filter::default()));
     assert_eq!(
         all.window,
@@ -322,7 +325,7 @@ fn mixed_store() -> Store {
     let f = stack(&["f", "main"]);
     let wait = |kind, count, ns| SymbolizedSample {
         kind,
-        ns,
+        amount: ns,
         ..sample(1, 1, "w", &f, count)
     };
     store.ingest(
@@ -338,7 +341,7 @@ fn mixed_store() -> Store {
         11_000,
         &[SymbolizedSample {
             kind: SampleKind::OffCpuBlocked,
-            ns: 1_000,
+            amount: 1_000,
             ..sample(2, 2, "sleeper", &f, 1)
         }],
     );
@@ -357,7 +360,7 @@ fn a_query_keeps_the_kinds_its_type_includes() {
         let mut kinds: Vec<(u32, SampleKind, u64, u64)> = profile
             .samples
             .iter()
-            .map(|sample| (sample.pid, sample.kind, sample.count, sample.ns))
+            .map(|sample| (sample.pid, sample.kind, sample.count, sample.amount))
             .collect();
         kinds.sort_unstable();
         kinds

@@ -189,14 +189,14 @@ impl Symbolizer {
             };
             let readable_by = process.map_or(ReadableBy::Privileged, |process| process.readable_by);
             let ns_pid = process.and_then(|process| process.ns_pid);
-            let off_cpu = kind.is_off_cpu();
+            let ends_in_switch = kind.describe().ends_in_switch;
             let stack = stacks
                 .entry((
                     key.tgid,
                     key.instance,
                     key.user_stack_id,
                     key.kernel_stack_id,
-                    off_cpu,
+                    ends_in_switch,
                 ))
                 .or_insert_with(|| {
                     let mut stack = build_stack(
@@ -208,7 +208,7 @@ impl Symbolizer {
                         stack_of(&batch.kernel_stacks, key.kernel_stack_id),
                         stack_of(&batch.user_stacks, key.user_stack_id),
                     );
-                    if off_cpu {
+                    if ends_in_switch {
                         stack.trim_switch_frames();
                     }
                     Arc::new(stack)
@@ -223,7 +223,7 @@ impl Symbolizer {
                 thread_name,
                 stack,
                 count: sample.count,
-                ns: sample.ns,
+                amount: sample.amount,
                 cgroup: cgroups.get(&key.cgroup_id).cloned(),
                 ns_pid,
             });

@@ -122,7 +122,7 @@ pub struct SymbolizedSample {
     /// Nanoseconds of the kind: CPU time the thread consumed, attributed to
     /// these samples (each carries the thread's CPU time since its previous
     /// sample); or time spent waiting off-CPU.
-    pub ns: u64,
+    pub amount: u64,
     /// The thread's cgroup, when it could be named.
     pub cgroup: Option<Arc<crate::cgroup::Cgroup>>,
     /// The process's pid in its own pid namespace, when that is another.

@@ -4,6 +4,7 @@
 //	parca_query -addr 127.0.0.1:7070 top    QUERY START_MS END_MS   -> {"total":N,"flat":{"function":n,...}}
 //	parca_query -addr 127.0.0.1:7070 range  QUERY START_MS END_MS   -> [{"time_ms":t,"duration_ms":d,"value":v},...]
 //	parca_query -addr 127.0.0.1:7070 labels START_MS END_MS         -> ["name",...]
+//	parca_query -addr 127.0.0.1:7070 types                           -> ["name:sample:unit:period:unit[:delta]",...] (all it holds)
 package main
 
 import (
@@ -41,7 +42,7 @@ func main() {
 	flag.Parse()
 	args := flag.Args()
 	if len(args) < 1 {
-		fail("usage: parca_query -addr ADDR top|range|labels ...")
+		fail("usage: parca_query -addr ADDR top|range|labels|types ...")
 	}
 	conn, err := grpc.NewClient(*addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -114,8 +115,24 @@ func main() {
 			fail("labels: %v", err)
 		}
 		out = response.GetLabelNames()
+	case args[0] == "types" && len(args) == 1:
+		response, err := client.ProfileTypes(ctx, &querypb.ProfileTypesRequest{})
+		if err != nil {
+			fail("types: %v", err)
+		}
+		// As Parca's queries name them: name:sample:unit:period:unit[:delta].
+		types := []string{}
+		for _, t := range response.GetTypes() {
+			name := fmt.Sprintf("%s:%s:%s:%s:%s", t.GetName(), t.GetSampleType(), t.GetSampleUnit(), t.GetPeriodType(), t.GetPeriodUnit())
+			if t.GetDelta() {
+				name += ":delta"
+			}
+			types = append(types, name)
+		}
+		sort.Strings(types)
+		out = types
 	default:
-		fail("usage: parca_query -addr ADDR top|range QUERY START_MS END_MS | labels START_MS END_MS")
+		fail("usage: parca_query -addr ADDR top|range QUERY START_MS END_MS | labels START_MS END_MS | types")
 	}
 	if err := json.NewEncoder(os.Stdout).Encode(out); err != nil {
 		fail("writing: %v", err)

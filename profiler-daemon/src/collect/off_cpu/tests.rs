@@ -27,7 +27,7 @@ fn ended(wait: &Wait, tid: u32, ended_ns: u64, weight: u64) -> RawSample {
     RawSample {
         key: wait.key(tid),
         count: weight,
-        ns: (ended_ns - wait.since_ns) * weight,
+        amount: (ended_ns - wait.since_ns) * weight,
     }
 }
 
@@ -60,7 +60,7 @@ fn total_ns(batches: &[&RawBatch], tid: u32) -> u64 {
         .iter()
         .flat_map(|batch| batch.samples.iter())
         .filter(|sample| sample.key.tid == tid)
-        .map(|sample| sample.ns)
+        .map(|sample| sample.amount)
         .sum()
 }
 
@@ -78,7 +78,7 @@ fn a_wait_across_drains_is_counted_once_with_its_stacks_in_every_window() {
         first.samples
     );
     assert_eq!(
-        first.samples[0].ns,
+        first.samples[0].amount,
         900 * MS,
         "credited from its start to the flip"
     );
@@ -88,7 +88,7 @@ fn a_wait_across_drains_is_counted_once_with_its_stacks_in_every_window() {
     let mut second = RawBatch::default();
     tracker.drained(&mut second, 1, 2000 * MS, &[(42, blocked)]);
     assert_eq!(second.samples.len(), 1);
-    assert_eq!(second.samples[0].ns, 1000 * MS, "the next second only");
+    assert_eq!(second.samples[0].amount, 1000 * MS, "the next second only");
     assert_eq!(
         frames(&second, &second.samples[0]),
         (Some(vec![0x10, 0x20]), Some(vec![0xf_fff1])),
@@ -110,7 +110,11 @@ fn a_wait_across_drains_is_counted_once_with_its_stacks_in_every_window() {
         )],
     );
     assert_eq!(third.samples.len(), 1);
-    assert_eq!(third.samples[0].ns, 500 * MS, "only what was not credited before");
+    assert_eq!(
+        third.samples[0].amount,
+        500 * MS,
+        "only what was not credited before"
+    );
     assert_eq!(third.samples[0].count, 1);
     assert_eq!(frames(&third, &third.samples[0]).0, Some(vec![0x10, 0x20]));
     assert_eq!(
@@ -132,7 +136,7 @@ fn a_wait_that_ends_right_after_a_flip_finds_the_previous_batchs_stacks() {
     let mut second = RawBatch::default();
     second.samples.push(ended(&short, 7, 1010 * MS, 1));
     tracker.drained(&mut second, 6, 2000 * MS, &[]);
-    assert_eq!(second.samples[0].ns, 110 * MS);
+    assert_eq!(second.samples[0].amount, 110 * MS);
     assert_eq!(frames(&second, &second.samples[0]), (Some(vec![0xabc]), None));
     assert_eq!(second.wait_stacks_lost, 0);
 }
@@ -149,7 +153,11 @@ fn weights_scale_credits_and_short_waits_are_left_to_the_sampler() {
         1,
         "the 10 ms wait may still be dropped as short"
     );
-    assert_eq!(batch.samples[0].ns, 4 * 900 * MS, "weighted by the sampling rate");
+    assert_eq!(
+        batch.samples[0].amount,
+        4 * 900 * MS,
+        "weighted by the sampling rate"
+    );
 }
 
 #[test]
@@ -175,6 +183,6 @@ fn a_lost_stack_is_counted_and_the_time_kept() {
     batch.samples.push(ended(&orphan, 3, 600 * MS, 1));
     tracker.drained(&mut batch, 11, 1000 * MS, &[]);
     assert_eq!(batch.wait_stacks_lost, 1);
-    assert_eq!(batch.samples[0].ns, 500 * MS, "the time stays");
+    assert_eq!(batch.samples[0].amount, 500 * MS, "the time stays");
     assert_eq!(frames(&batch, &batch.samples[0]), (None, None));
 }

@@ -37,7 +37,7 @@ fn profile(samples: &[(&str, &[(&str, FrameKind)])]) -> Profile {
                     .collect(),
             }),
             count: 10,
-            ns: 1_000_000,
+            amount: 1_000_000,
             cgroup: None,
             ns_pid: None,
         })

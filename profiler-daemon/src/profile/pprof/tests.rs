@@ -2,6 +2,7 @@ use std::{collections::HashSet, io::Read, sync::Arc};
 
 use super::*;
 use crate::{
+    kind::ProfileType,
     profile::Window,
     symbolize::{FrameKind, Function, Line, Location, Mapping, SymbolizedSample, SymbolizedStack},
 };
@@ -56,7 +57,7 @@ fn sample(pid: u32, tid: u32, comm: &str, stack: &Arc<SymbolizedStack>, count: u
         stack: stack.clone(),
         count,
         kind: crate::kind::SampleKind::Cpu,
-        ns: count * 10_101_010,
+        amount: count * 10_101_010,
         cgroup: None,
         ns_pid: None,
     }

@@ -1,7 +1,7 @@
 //! The schema of each profile type: sample and period types, and the `wait` label.
 
 use super::{tests::fixture, *};
-use crate::kind::SampleKind;
+use crate::kind::{ProfileType, SampleKind};
 
 fn names(profile: &proto::Profile, value_type: &proto::ValueType) -> (String, String) {
     let s = |index: i64| profile.string_table[usize::try_from(index).expect("an index")].clone();
@@ -13,7 +13,7 @@ fn typed(profile_type: ProfileType, kind: SampleKind) -> Profile {
     let mut profile = fixture();
     profile.profile_type = profile_type;
     profile.samples[0].kind = kind;
-    profile.samples[0].ns = 2_500_000_000;
+    profile.samples[0].amount = 2_500_000_000;
     profile
 }
 

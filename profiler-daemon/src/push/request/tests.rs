@@ -39,7 +39,7 @@ fn window_profile() -> Profile {
             thread_name: format!("t{tid}").into(),
             stack: stack.clone(),
             count,
-            ns: count * 10_101_010,
+            amount: count * 10_101_010,
             cgroup: None,
             ns_pid: None,
         };
@@ -82,7 +82,7 @@ fn label_pairs(labels: &[LabelPair]) -> Vec<(&str, &str)> {
 
 #[test]
 fn pyroscope_gets_a_request_per_service_without_sample_labels() {
-    let encoded = encode(Backend::Pyroscope, &window_profile(), &common()).unwrap();
+    let encoded = encode(Backend::Pyroscope, &[window_profile()], &common()).unwrap();
     let counts: Vec<_> = encoded
         .iter()
         .map(|request| (request.samples, request.series))
@@ -132,7 +132,7 @@ fn pyroscope_gets_a_request_per_service_without_sample_labels() {
 
 #[test]
 fn parca_requests_keep_the_process_labels() {
-    let encoded = encode(Backend::Parca, &window_profile(), &common()).unwrap();
+    let encoded = encode(Backend::Parca, &[window_profile()], &common()).unwrap();
     assert_eq!(encoded.len(), 1, "Parca stores a request whole: one per window");
     assert_eq!((encoded[0].samples, encoded[0].series), (50, 2));
     let request = WriteRawRequest::decode(encoded[0].message.clone()).unwrap();
@@ -165,7 +165,7 @@ fn a_configured_hostname_replaces_the_machines() {
         hostname: "host-1".into(),
         extra: vec![ExtraLabel::new("hostname", "web-1.example.net").unwrap()],
     };
-    let labels = series_labels("app", &common);
+    let labels = series_labels("process_cpu", "app", &common);
     assert_eq!(
         label_pairs(&labels),
         vec![
@@ -173,5 +173,60 @@ fn a_configured_hostname_replaces_the_machines() {
             ("hostname", "web-1.example.net"),
             ("service_name", "app")
         ]
+    );
+}
+
+/// A window's off-CPU profile goes with its CPU profile, under its own name
+/// (in the same request for Parca); wall, which is both again, does not.
+#[test]
+fn every_named_type_is_pushed_under_its_own_name() {
+    let cpu = window_profile();
+    let mut off_cpu = window_profile();
+    off_cpu.profile_type = ProfileType::OffCpu;
+    for sample in &mut off_cpu.samples {
+        sample.kind = SampleKind::OffCpuBlocked;
+    }
+    let mut wall = window_profile();
+    wall.profile_type = ProfileType::Wall;
+    let window = [cpu, off_cpu, wall];
+    let names = |labels: &[LabelPair]| {
+        labels
+            .iter()
+            .find(|label| label.name == "__name__")
+            .map(|label| label.value.clone())
+            .unwrap()
+    };
+
+    let parca = encode(Backend::Parca, &window, &common()).unwrap();
+    assert_eq!(parca.len(), 1, "one request per window, whatever the types");
+    assert_eq!((parca[0].samples, parca[0].series), (100, 4));
+    let request = WriteRawRequest::decode(parca[0].message.clone()).unwrap();
+    let parca_names: Vec<String> = request
+        .series
+        .iter()
+        .map(|series| names(&series.labels.as_ref().unwrap().labels))
+        .collect();
+    assert_eq!(parca_names, ["process_cpu", "process_cpu", "off_cpu", "off_cpu"]);
+    let off_cpu = gunzip(&request.series[2].samples[0].raw_profile);
+    let types: Vec<(&str, &str)> = off_cpu
+        .sample_type
+        .iter()
+        .map(|value| {
+            (
+                off_cpu.string_table[value.r#type as usize].as_str(),
+                off_cpu.string_table[value.unit as usize].as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(types, [("events", "count"), ("off_cpu", "nanoseconds")]);
+
+    let pyroscope = encode(Backend::Pyroscope, &window, &common()).unwrap();
+    let pyroscope_names: Vec<String> = pyroscope
+        .iter()
+        .map(|encoded| names(&PushRequest::decode(encoded.message.clone()).unwrap().series[0].labels))
+        .collect();
+    assert_eq!(
+        pyroscope_names,
+        ["process_cpu", "process_cpu", "off_cpu", "off_cpu"]
     );
 }

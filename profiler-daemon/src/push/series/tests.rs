@@ -44,7 +44,7 @@ fn sample(
         thread_name: format!("{comm}-{tid}").into(),
         stack: stack.clone(),
         count,
-        ns: count * 10_000_000,
+        amount: count * 10_000_000,
         cgroup: cgroup.map(|path| Arc::new(Cgroup::from_path(path))),
         ns_pid: None,
     }
@@ -69,7 +69,7 @@ fn totals(series: &[Series]) -> Vec<(String, u64, u64)> {
             (
                 series.service_name.to_string(),
                 series.profile.total_samples(),
-                series.profile.samples.iter().map(|sample| sample.ns).sum(),
+                series.profile.samples.iter().map(|sample| sample.amount).sum(),
             )
         })
         .collect()

@@ -25,7 +25,7 @@ fn profile(comm: &str, thread_name: &str) -> Profile {
                 locations: Box::new([]),
             }),
             count: 10,
-            ns: 5_000_000_000,
+            amount: 5_000_000_000,
             cgroup: Some(Arc::new(crate::cgroup::Cgroup::from_path(
                 "/system.slice/system-pg.slice/postgresql@16-main.service",
             ))),
@@ -40,7 +40,7 @@ fn process_and_thread_names_are_escaped() {
         &profile("<script>alert(1)</script>", "\"><img src=x onerror=alert(2)>"),
         &Filter::default(),
         Span::Last(10),
-        false,
+        recorded(false),
     );
     assert!(!page.contains("<script>alert"), "{page}");
     assert!(!page.contains("<img"), "{page}");
@@ -54,7 +54,7 @@ fn rows_show_cpu_share_threads_and_links() {
         &profile("worker", "worker"),
         &Filter::default(),
         Span::Last(10),
-        false,
+        recorded(false),
     );
     assert!(
         page.contains("<td>7</td><td>worker</td><td>postgresql@16-main.service</td>"),
@@ -88,7 +88,7 @@ fn nothing_external_is_loaded() {
         &profile("worker", "worker"),
         &Filter::default(),
         Span::Last(10),
-        false,
+        recorded(false),
     );
     for external in ["http:", "https:", "<script", "<link", "<img", "@import", "//"] {
         assert!(!page.contains(external), "{external} in {page}");
@@ -101,7 +101,10 @@ fn an_empty_window_says_so() {
         samples: Vec::new(),
         ..profile("x", "x")
     };
-    assert!(page(&empty, &Filter::default(), Span::Last(10), false).contains("no samples in this window"));
+    assert!(
+        page(&empty, &Filter::default(), Span::Last(10), recorded(false))
+            .contains("no samples in this window")
+    );
 }
 
 #[test]
@@ -110,7 +113,7 @@ fn the_type_is_shown_and_switchable_when_off_cpu_is_on() {
         &profile("worker", "worker"),
         &Filter::default(),
         Span::Last(10),
-        true,
+        recorded(true),
     );
     assert!(
         cpu.contains("type: <b>CPU</b> · <a href=\"/?seconds=10&amp;type=offcpu\">off-CPU</a> · <a href=\"/?seconds=10&amp;type=wall\">wall-clock</a>"),
@@ -120,7 +123,7 @@ fn the_type_is_shown_and_switchable_when_off_cpu_is_on() {
         &profile("worker", "worker"),
         &Filter::default(),
         Span::Last(10),
-        false,
+        recorded(false),
     );
     assert!(off.contains("start profilerd with --off-cpu"), "{off}");
     assert!(
@@ -131,8 +134,8 @@ fn the_type_is_shown_and_switchable_when_off_cpu_is_on() {
     let mut waits = profile("worker", "worker");
     waits.profile_type = ProfileType::OffCpu;
     waits.samples[0].kind = crate::kind::SampleKind::OffCpuBlocked;
-    waits.samples[0].ns = 2_500_000_000;
-    let page = page(&waits, &Filter::default(), Span::Last(10), true);
+    waits.samples[0].amount = 2_500_000_000;
+    let page = page(&waits, &Filter::default(), Span::Last(10), recorded(true));
     assert!(
         page.contains("<a href=\"/?seconds=10&amp;type=cpu\">CPU</a> · <b>off-CPU</b>"),
         "{page}"
@@ -161,7 +164,7 @@ fn links_ask_for_the_same_explicit_window() {
         start_ms: 1_000,
         end_ms: 6_000,
     });
-    let page = page(&profile("w", "w"), &Filter::default(), window, true);
+    let page = page(&profile("w", "w"), &Filter::default(), window, recorded(true));
     for link in [
         "/pprof?pid=7&amp;start=1000&amp;end=6000\"",
         "/?start=1000&amp;end=6000&amp;type=wall",
@@ -169,4 +172,9 @@ fn links_ask_for_the_same_explicit_window() {
     ] {
         assert!(page.contains(link), "{link} in {page}");
     }
+}
+
+/// The kinds a daemon records with off-CPU profiling on or off.
+fn recorded(off_cpu: bool) -> crate::kind::KindSet {
+    crate::kind::KindSet::produced_by(|source| off_cpu || source == crate::kind::Source::CpuClock)
 }

@@ -1,7 +1,7 @@
 //! What makes two scrapes' answers the same bytes.
 
 use crate::{
-    kind::ProfileType,
+    kind::{KindSet, ProfileType},
     profile::Filter,
     profile::Window,
     serve::{access::Scope, params::Span},
@@ -21,8 +21,8 @@ pub enum Format {
     /// `/flamegraph.svg`.
     Flamegraph { icicle: bool },
     /// `/`, whose links ask for the same `seconds` (or `start` and `end`);
-    /// `off_cpu` says whether it offers the off-CPU and wall types.
-    Index { span: Span, off_cpu: bool },
+    /// `kinds` (those recorded) decides which types it offers.
+    Index { span: Span, kinds: KindSet },
 }
 
 /// Two requests with equal keys get the same answer: the same window (so

@@ -59,8 +59,8 @@ pub fn render(format: Format, profile: &Profile, filter: &Filter) -> std::io::Re
             "image/svg+xml",
             false,
         ),
-        Format::Index { span, off_cpu } => (
-            index::page(profile, filter, span, off_cpu).into_bytes(),
+        Format::Index { span, kinds } => (
+            index::page(profile, filter, span, kinds).into_bytes(),
             "text/html; charset=utf-8",
             false,
         ),
@@ -197,7 +197,7 @@ mod tests {
                     thread_name: "t".into(),
                     stack: stack.clone(),
                     count: 1,
-                    ns: 1,
+                    amount: 1,
                     cgroup: None,
                     ns_pid: None,
                 })
