@@ -1,0 +1,156 @@
+//! Configuring the loader: the kernel's offsets, the globals, and each map's
+//! capacity for what this sampler turns on.
+
+use aya::EbpfLoader;
+use profiler_common::{UnwindRowChunk, globals, maps, unwind_mode};
+
+use super::{
+    super::{btf, clock::monotonic_now_ns},
+    SamplerOptions, UnwindMode,
+};
+
+/// What this sampler turns on: asked for, and possible on this kernel.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Plan {
+    /// The sampler's own walk with unwind tables (auto mode).
+    pub tables: bool,
+    /// The sched_switch program, recording off-CPU waits.
+    pub off_cpu: bool,
+    /// CPython frames walked (tables and BTF's `thread.fsbase` needed).
+    pub python: bool,
+    /// One switch in N recorded.
+    pub sample_every: u64,
+    pub off_cpu_min_ns: u64,
+}
+
+/// The offsets of task_struct's fields the programs read. Without BTF
+/// samples still count, and carry one sampling period each.
+pub(super) fn task_offsets() -> btf::TaskOffsets {
+    match btf::task_offsets() {
+        Ok(offsets) => offsets,
+        Err(err) => {
+            tracing::warn!("no per-thread CPU time ({err}): cpu/nanoseconds will be count × period");
+            btf::TaskOffsets {
+                runtime: 0,
+                start_time: 0,
+                pid: 0,
+                fsbase: 0,
+            }
+        }
+    }
+}
+
+/// The values of the programs' globals: the loader borrows them until it
+/// loads.
+pub(super) struct Globals {
+    runtime_offset: u64,
+    start_offset: u64,
+    pid_offset: u64,
+    fsbase_offset: u64,
+    period_ns: u64,
+    attach_ns: u64,
+    unwind_mode: u64,
+}
+
+impl Globals {
+    pub fn new(options: &SamplerOptions, plan: &Plan, offsets: &btf::TaskOffsets) -> Self {
+        Self {
+            runtime_offset: u64::from(offsets.runtime),
+            start_offset: u64::from(offsets.start_time),
+            pid_offset: u64::from(offsets.pid),
+            fsbase_offset: if plan.python { u64::from(offsets.fsbase) } else { 0 },
+            period_ns: 1_000_000_000 / options.frequency.max(1),
+            attach_ns: monotonic_now_ns(),
+            unwind_mode: if plan.tables {
+                unwind_mode::TABLES
+            } else {
+                unwind_mode::FRAME_POINTERS
+            },
+        }
+    }
+}
+
+/// What is on: asked for in `options`, and possible with `offsets`.
+pub(super) fn plan(options: &SamplerOptions, offsets: &btf::TaskOffsets) -> Plan {
+    let off_cpu = options.off_cpu;
+    if off_cpu.enabled && offsets.pid == 0 {
+        tracing::warn!("off-CPU profiling needs the kernel's BTF (task_struct.pid): it is off");
+    }
+    let tables = options.unwind == UnwindMode::Auto;
+    let python = tables && options.python_frames && offsets.fsbase != 0;
+    if tables && options.python_frames && !python {
+        tracing::warn!("Python frames need the kernel's BTF (task_struct.thread.fsbase): they are off");
+    }
+    Plan {
+        tables,
+        off_cpu: off_cpu.enabled && offsets.pid != 0,
+        python,
+        sample_every: off_cpu.sample_every.max(1),
+        off_cpu_min_ns: off_cpu.min_ns,
+    }
+}
+
+/// Sets the loader's globals and each map's capacity for `plan`. Maps of
+/// what is off shrink to one entry (a map cannot have none), so they cost
+/// no kernel memory.
+pub(super) fn configure<'a>(
+    loader: &mut EbpfLoader<'a>,
+    options: &SamplerOptions,
+    plan: &'a Plan,
+    globals: &'a Globals,
+) {
+    loader
+        .override_global(globals::TASK_RUNTIME_OFFSET, &globals.runtime_offset, true)
+        .override_global(globals::TASK_START_OFFSET, &globals.start_offset, true)
+        .override_global(globals::PERIOD_NS, &globals.period_ns, true)
+        .override_global(globals::ATTACH_NS, &globals.attach_ns, true)
+        .override_global(globals::TASK_PID_OFFSET, &globals.pid_offset, true)
+        .override_global(globals::OFF_CPU_SAMPLE_EVERY, &plan.sample_every, true)
+        .override_global(globals::OFF_CPU_MIN_NS, &plan.off_cpu_min_ns, true)
+        .override_global(globals::TASK_FSBASE_OFFSET, &globals.fsbase_offset, true)
+        .override_global(globals::UNWIND_MODE, &globals.unwind_mode, true);
+    if !plan.off_cpu {
+        loader.map_max_entries(maps::OFF_CPU_WAITS, 1);
+    }
+    configure_walk(loader, options, plan);
+}
+
+/// The user-stack walk's maps: the kernel's stack traces (frame pointers)
+/// or the sampler's own unwound stacks and tables, and the kernel stacks.
+fn configure_walk(loader: &mut EbpfLoader, options: &SamplerOptions, plan: &Plan) {
+    let sizes = options.map_sizes;
+    for name in maps::COUNTS {
+        loader.map_max_entries(name, sizes.counts);
+    }
+    let (stack_trace_entries, unwound_entries) = if plan.tables {
+        (1, sizes.user_stacks)
+    } else {
+        (sizes.user_stacks, 1)
+    };
+    for name in maps::USER_STACKS {
+        loader.map_max_entries(name, stack_trace_entries);
+    }
+    for name in maps::UNWOUND_STACKS {
+        loader.map_max_entries(name, unwound_entries);
+    }
+    let row_chunks = if plan.tables {
+        u32::try_from(options.unwind_table_bytes / size_of::<UnwindRowChunk>() as u64)
+            .unwrap_or(u32::MAX)
+            .max(1)
+    } else {
+        1
+    };
+    loader.map_max_entries(maps::UNWIND_ROWS, row_chunks);
+    loader.map_max_entries(maps::UNWIND_CHUNK_PCS, row_chunks);
+    if !plan.tables {
+        loader.map_max_entries(maps::UNWIND_TABLES, 1);
+        loader.map_max_entries(maps::UNWIND_PROCESSES, 1);
+    }
+    if !plan.python {
+        loader.map_max_entries(maps::PYTHON_PROCESSES, 1);
+        loader.map_max_entries(maps::PYTHON_THREADS, 1);
+    }
+    for name in maps::KERNEL_STACKS {
+        loader.map_max_entries(name, sizes.kernel_stacks);
+    }
+}
