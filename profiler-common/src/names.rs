@@ -1,0 +1,72 @@
+//! Names the daemon finds the program's maps, globals and programs by.
+
+/// Map names, shared so the daemon can find (and resize) what the program declares.
+pub mod maps {
+    pub const COUNTS: [&str; 2] = ["COUNTS_0", "COUNTS_1"];
+    pub const USER_STACKS: [&str; 2] = ["USER_STACKS_0", "USER_STACKS_1"];
+    pub const KERNEL_STACKS: [&str; 2] = ["KERNEL_STACKS_0", "KERNEL_STACKS_1"];
+    pub const CONTROL: &str = "CONTROL";
+    pub const COUNTERS: &str = "COUNTERS";
+    pub const PROCESSES: &str = "PROCESSES";
+    pub const PROCESS_EVENTS: &str = "PROCESS_EVENTS";
+    pub const SPILLED_SAMPLES: &str = "SPILLED_SAMPLES";
+    pub const THREAD_TIMES: &str = "THREAD_TIMES";
+    pub const UNWOUND_STACKS: [&str; 2] = ["UNWOUND_STACKS_0", "UNWOUND_STACKS_1"];
+    pub const UNWIND_ROWS: &str = "UNWIND_ROWS";
+    pub const UNWIND_CHUNK_PCS: &str = "UNWIND_CHUNK_PCS";
+    pub const UNWIND_TABLES: &str = "UNWIND_TABLES";
+    pub const UNWIND_PROCESSES: &str = "UNWIND_PROCESSES";
+    pub const UNWIND_SCRATCH: &str = "UNWIND_SCRATCH";
+    pub const OFF_CPU_WAITS: &str = "OFF_CPU_WAITS";
+    pub const PYTHON_PROCESSES: &str = "PYTHON_PROCESSES";
+    pub const PYTHON_THREADS: &str = "PYTHON_THREADS";
+    pub const PYTHON_CODES: &str = "PYTHON_CODES";
+    pub const PYTHON_SEEN: &str = "PYTHON_SEEN";
+
+    /// Default capacities; the daemon may override them at load time.
+    pub const DEFAULT_COUNTS_ENTRIES: u32 = 16384;
+    pub const DEFAULT_USER_STACKS_ENTRIES: u32 = 16384;
+    pub const DEFAULT_KERNEL_STACKS_ENTRIES: u32 = 8192;
+    pub const DEFAULT_PROCESSES_ENTRIES: u32 = 32768;
+    pub const DEFAULT_THREADS_ENTRIES: u32 = 65536;
+    pub const PROCESS_EVENTS_BYTES: u32 = 256 * 1024;
+    /// About 250 spilled samples per drain.
+    pub const SPILLED_SAMPLES_BYTES: u32 = 512 * 1024;
+    pub const DEFAULT_UNWOUND_STACKS_ENTRIES: u32 = 16384;
+    /// 64 MiB of rows; the daemon sets it from `unwind_table_memory_mb`.
+    pub const DEFAULT_UNWIND_ROW_CHUNKS: u32 = 16384;
+    /// Table ids (one per loaded file); id 0 is never used.
+    pub const UNWIND_TABLE_IDS: u32 = 16384;
+    pub const DEFAULT_UNWIND_PROCESSES_ENTRIES: u32 = 8192;
+}
+
+/// Load-time settings of the BPF program (globals the daemon overrides).
+pub mod globals {
+    /// Byte offset of `task_struct.se.sum_exec_runtime` (0: unknown, no CPU time).
+    pub const TASK_RUNTIME_OFFSET: &str = "TASK_RUNTIME_OFFSET";
+    /// Byte offset of `task_struct.start_time` (0: unknown).
+    pub const TASK_START_OFFSET: &str = "TASK_START_OFFSET";
+    /// CLOCK_MONOTONIC ns when the sampler was attached.
+    pub const ATTACH_NS: &str = "ATTACH_NS";
+    /// Sampling period in ns: the CPU-time estimate for a thread's first sample.
+    pub const PERIOD_NS: &str = "PERIOD_NS";
+    /// One of [`crate::unwind_mode`].
+    pub const UNWIND_MODE: &str = "UNWIND_MODE";
+    /// Byte offset of `task_struct.pid` (the thread id): the switch program
+    /// reads the next task's.
+    pub const TASK_PID_OFFSET: &str = "TASK_PID_OFFSET";
+    /// Off-CPU sampling: one switch in N is recorded and weighs N (>= 1).
+    pub const OFF_CPU_SAMPLE_EVERY: &str = "OFF_CPU_SAMPLE_EVERY";
+    /// Off-CPU waits shorter than this (ns) are dropped when they end.
+    pub const OFF_CPU_MIN_NS: &str = "OFF_CPU_MIN_NS";
+    /// Byte offset of `task_struct.thread.fsbase` (0: unknown, no Python frames).
+    pub const TASK_FSBASE_OFFSET: &str = "TASK_FSBASE_OFFSET";
+}
+
+/// Program names as the daemon looks them up.
+pub mod programs {
+    pub const SAMPLE: &str = "sample";
+    pub const ON_EXEC: &str = "on_exec";
+    pub const ON_EXIT: &str = "on_exit";
+    pub const ON_SWITCH: &str = "on_switch";
+}
