@@ -8,9 +8,11 @@
 # Order, on a 2-CPU machine:
 # - the cached fixtures (Parca, a Debian rootfs) build in the background
 #   while fmt, clippy and the build run (the daemon with the fault hook,
-#   tests/tools/profilerd_faulty.rs, is one more small binary of the build:
-#   a daemon built with a feature cost 11 min of both CPUs on a fresh
-#   machine in a target directory of its own, 6 in the same one);
+#   profiler-daemon/examples/profilerd_faulty.rs, is one more small binary
+#   of the build: a daemon built with a feature cost 11 min of both CPUs on
+#   a fresh machine in a target directory of its own, 6 in the same one; and
+#   the test crate does not depend on the daemon, so the fixtures start
+#   building at once);
 # - the test files that measure no CPU share run in two lanes at once
 #   (every file that runs programs as the unprivileged test user stays in
 #   one lane: some change what that user may see);

@@ -1,6 +1,6 @@
 //! What `profilerd` does when it runs: the worker, `check-config`,
 //! `record`, or the daemon, by its command line. `main.rs` (and the test
-//! binary with a fault hook, tests/tools/profilerd_faulty.rs) call [`run`].
+//! binary with a fault hook, profiler-daemon/examples/profilerd_faulty.rs) call [`run`].
 
 use std::{io::IsTerminal, path::Path, process::ExitCode, time::Duration};
 

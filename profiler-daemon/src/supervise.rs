@@ -243,7 +243,7 @@ pub fn notify_failure(status: &str, errno: u32) {
 static FAULT: std::sync::OnceLock<(String, Instant)> = std::sync::OnceLock::new();
 
 /// Makes `stage` panic at its first fault point `after` from now: for the
-/// test binary that checks the supervision (tests/tools/profilerd_faulty.rs
+/// test binary that checks the supervision (profiler-daemon/examples/profilerd_faulty.rs
 /// calls it from its environment). The shipped `profilerd` never calls it,
 /// and reads no variable that could.
 pub fn inject_fault(stage: &str, after: Duration) {

@@ -12,7 +12,9 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 mod off_cpu;
+mod process;
 mod python;
+mod thread_time;
 mod unwind;
 mod walk;
 
@@ -20,23 +22,22 @@ use aya_ebpf::{
     EbpfContext, Global,
     bindings::{BPF_F_USER_STACK, BPF_NOEXIST, BPF_RB_NO_WAKEUP},
     helpers::{
-        bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task,
-        bpf_get_prandom_u32, bpf_get_stack, bpf_ktime_get_ns, bpf_probe_read_kernel, generated,
+        bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_stack, generated,
     },
-    macros::{map, perf_event, raw_tracepoint},
-    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf, StackTrace},
-    programs::{PerfEventContext, RawTracePointContext, tracing::StackIdContext},
+    macros::{map, perf_event},
+    maps::{Array, HashMap, PerCpuArray, RingBuf, StackTrace},
+    programs::{PerfEventContext, tracing::StackIdContext},
 };
 use aya_log_ebpf::warn;
+use process::process_instance;
 use profiler_common::{
-    COMM_LEN, CONTROL_GENERATION, CONTROL_LEN, Counter, MAX_STACK_DEPTH, ProcessEvent, ProcessEventKind,
-    SPILLED_STACK_ID_BASE, SampleKey, SampleValue, SpilledSample, UnwoundStack, maps::*, sample_kind,
-    unwind_mode,
+    COMM_LEN, CONTROL_GENERATION, CONTROL_LEN, Counter, MAX_STACK_DEPTH, SPILLED_STACK_ID_BASE, SampleKey,
+    SampleValue, SpilledSample, UnwoundStack, maps::*, sample_kind, unwind_mode,
 };
-use unwind::UNWIND_PROCESSES;
+use thread_time::thread_cpu_since_last_sample;
 use walk::Walk;
 
-const EEXIST: i32 = 17;
+pub(crate) const EEXIST: i32 = 17;
 const EFAULT: i32 = 14;
 const ENOMEM: i32 = 12;
 
@@ -64,24 +65,7 @@ static UNWOUND_STACKS_1: HashMap<u32, UnwoundStack> =
 static CONTROL: Array<u32> = Array::with_max_entries(CONTROL_LEN, 0);
 #[map]
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Counter::COUNT, 0);
-/// tgid -> instance of the process the sampler currently knows by that tgid.
-#[map]
-pub(crate) static PROCESSES: LruHashMap<u32, u32> =
-    LruHashMap::with_max_entries(DEFAULT_PROCESSES_ENTRIES, 0);
-#[map]
-static PROCESS_EVENTS: RingBuf = RingBuf::with_byte_size(PROCESS_EVENTS_BYTES, 0);
-/// tid -> the thread's CPU time (ns) as of its previous sample.
-#[map]
-static THREAD_TIMES: LruHashMap<u32, u64> = LruHashMap::with_max_entries(DEFAULT_THREADS_ENTRIES, 0);
 
-#[unsafe(no_mangle)]
-static TASK_RUNTIME_OFFSET: Global<u64> = Global::new(0);
-#[unsafe(no_mangle)]
-static TASK_START_OFFSET: Global<u64> = Global::new(0);
-#[unsafe(no_mangle)]
-static ATTACH_NS: Global<u64> = Global::new(0);
-#[unsafe(no_mangle)]
-static PERIOD_NS: Global<u64> = Global::new(10_101_010);
 #[unsafe(no_mangle)]
 pub(crate) static UNWIND_MODE: Global<u64> = Global::new(unwind_mode::FRAME_POINTERS);
 #[map]
@@ -338,48 +322,6 @@ fn spill(ctx: &PerfEventContext, key: &SampleKey, amount: u64, user: UserStack) 
     true
 }
 
-/// CPU time the current thread consumed since its previous sample, from the
-/// kernel's own per-thread accounting (`se.sum_exec_runtime`, which the
-/// scheduler brings up to date at every tick and context switch). A thread's
-/// first sample carries all its CPU time if it started after the sampler was
-/// attached, else one sampling period (all that is known).
-#[inline(always)]
-fn thread_cpu_since_last_sample(tid: u32) -> u64 {
-    let period = PERIOD_NS.load();
-    let offset = TASK_RUNTIME_OFFSET.load();
-    if offset == 0 {
-        return period;
-    }
-    // SAFETY: the task pointer is only used as an address for probe_read.
-    let task = unsafe { bpf_get_current_task() } as *const u8;
-    // SAFETY: probe_read checks the address; the offset comes from BTF.
-    let Ok(runtime) = (unsafe { bpf_probe_read_kernel(task.wrapping_add(offset as usize) as *const u64) })
-    else {
-        bump(Counter::TaskReadError);
-        return period;
-    };
-    if let Some(last) = THREAD_TIMES.get_ptr_mut(&tid) {
-        // SAFETY: the entry is this thread's, which runs on this CPU only now.
-        return unsafe { runtime.saturating_sub(core::mem::replace(&mut *last, runtime)) };
-    }
-    if THREAD_TIMES.insert(&tid, &runtime, 0).is_err() {
-        bump(Counter::ThreadMapFull);
-        return period;
-    }
-    let start_offset = TASK_START_OFFSET.load();
-    let started = match start_offset {
-        0 => 0,
-        // SAFETY: probe_read checks the address; the offset comes from BTF.
-        _ => unsafe { bpf_probe_read_kernel(task.wrapping_add(start_offset as usize) as *const u64) }
-            .unwrap_or(0),
-    };
-    if started >= ATTACH_NS.load() {
-        runtime
-    } else {
-        period
-    }
-}
-
 /// The stack's id, or the negative errno; each failure kind is counted.
 /// `counters` = [no stack, collision, map full, other error].
 #[inline(always)]
@@ -397,87 +339,6 @@ fn stack_id(ctx: &PerfEventContext, map: &StackTrace, flags: u64, counters: [Cou
             err
         }
     }
-}
-
-/// The instance id of the process `tgid`, handing out (and announcing) a new one
-/// the first time the process is sampled.
-#[inline(always)]
-pub(crate) fn process_instance<C: EbpfContext>(ctx: &C, tgid: u32) -> u32 {
-    // SAFETY: the value is only read.
-    if let Some(instance) = unsafe { PROCESSES.get(&tgid) } {
-        return *instance;
-    }
-    // Random rather than a counter: unique enough across pid reuse without a
-    // shared atomic; never 0, which means "unknown".
-    // SAFETY: a helper without arguments.
-    let instance = unsafe { bpf_get_prandom_u32() } | 1;
-    match PROCESSES.insert(&tgid, &instance, BPF_NOEXIST as u64) {
-        Ok(()) => {
-            announce(ProcessEventKind::Started, tgid, instance);
-            instance
-        }
-        // Another CPU sampled a thread of the same new process first.
-        // SAFETY: the value is only read.
-        Err(err) if -err == EEXIST => unsafe { PROCESSES.get(&tgid) }.copied().unwrap_or(0),
-        Err(_) => {
-            if bump(Counter::ProcessMapFull) == 0 {
-                warn!(ctx, "process map refused an entry (first time on this CPU)");
-            }
-            0
-        }
-    }
-}
-
-#[inline(always)]
-fn announce(kind: ProcessEventKind, tgid: u32, instance: u32) {
-    match PROCESS_EVENTS.reserve::<ProcessEvent>(0) {
-        Some(mut entry) => {
-            entry.write(ProcessEvent {
-                // SAFETY: a helper without arguments.
-                ktime_ns: unsafe { bpf_ktime_get_ns() },
-                kind: kind as u32,
-                tgid,
-                instance,
-                reserved: 0,
-            });
-            entry.submit(0);
-        }
-        None => {
-            bump(Counter::ProcessEventsLost);
-        }
-    }
-}
-
-/// After exec the process has new mappings: forget its instance so the next
-/// sample announces a new one and the daemon reads the new mappings.
-#[raw_tracepoint(tracepoint = "sched_process_exec")]
-pub fn on_exec(_ctx: RawTracePointContext) -> i32 {
-    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    let _ = PROCESSES.remove(&tgid);
-    let _ = UNWIND_PROCESSES.remove(&tgid);
-    python::forget(tgid);
-    0
-}
-
-/// When a thread exits, its off-CPU record goes (a later thread may get its
-/// tid). When a sampled process's main thread exits, tell the daemon (so it can drop
-/// the mappings once the last samples are drained) and free the tgid.
-#[raw_tracepoint(tracepoint = "sched_process_exit")]
-pub fn on_exit(_ctx: RawTracePointContext) -> i32 {
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let tgid = (pid_tgid >> 32) as u32;
-    off_cpu::thread_exited(pid_tgid as u32);
-    if pid_tgid as u32 != tgid {
-        return 0;
-    }
-    let _ = UNWIND_PROCESSES.remove(&tgid);
-    python::forget(tgid);
-    // SAFETY: the value is only read.
-    if let Some(instance) = unsafe { PROCESSES.get(&tgid) }.copied() {
-        let _ = PROCESSES.remove(&tgid);
-        announce(ProcessEventKind::Exited, tgid, instance);
-    }
-    0
 }
 
 #[cfg(not(test))]

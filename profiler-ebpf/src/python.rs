@@ -191,7 +191,9 @@ fn announce_code(code: u64) {
             entry.write(PythonCodeSeen {
                 tgid,
                 // SAFETY: the value is only read.
-                instance: unsafe { crate::PROCESSES.get(&tgid) }.copied().unwrap_or(0),
+                instance: unsafe { crate::process::PROCESSES.get(&tgid) }
+                    .copied()
+                    .unwrap_or(0),
                 code,
             });
             entry.submit(0);

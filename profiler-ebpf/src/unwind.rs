@@ -14,13 +14,16 @@ use aya_ebpf::{
         generated::{bpf_get_current_task_btf, bpf_loop, bpf_task_pt_regs},
     },
     macros::map,
-    maps::{Array, HashMap, PerCpuArray},
+    maps::{HashMap, PerCpuArray},
     programs::PerfEventContext,
 };
 use profiler_common::{
-    CfaRule, Counter, MAX_STACK_DEPTH, MAX_UNWIND_MAPPINGS, RbpRule, UNWIND_ROWS_PER_CHUNK, UnwindEnd,
-    UnwindProcess, UnwindRow, UnwindRowChunk, UnwindTableRange, maps::*, python::PythonProcess,
+    CfaRule, Counter, MAX_STACK_DEPTH, RbpRule, UnwindEnd, UnwindProcess, maps::*, python::PythonProcess,
 };
+
+mod rows;
+
+use rows::find_row;
 
 use crate::{
     add, bump,
@@ -28,20 +31,11 @@ use crate::{
     walk::{self, FNV_OFFSET, Walk},
 };
 
-#[map]
-static UNWIND_ROWS: Array<UnwindRowChunk> = Array::with_max_entries(DEFAULT_UNWIND_ROW_CHUNKS, 0);
-/// The first pc of each chunk of UNWIND_ROWS, for the first halvings.
-#[map]
-static UNWIND_CHUNK_PCS: Array<u32> = Array::with_max_entries(DEFAULT_UNWIND_ROW_CHUNKS, 0);
-#[map]
-static UNWIND_TABLES: Array<UnwindTableRange> = Array::with_max_entries(UNWIND_TABLE_IDS, 0);
 /// tgid -> its executable mappings; written by the daemon once the process's
 /// tables are loaded, removed at exec (the image changes).
 #[map]
 pub static UNWIND_PROCESSES: HashMap<u32, UnwindProcess> =
     HashMap::with_max_entries(DEFAULT_UNWIND_PROCESSES_ENTRIES, BPF_F_NO_PREALLOC);
-#[map]
-static ROW_CACHE: PerCpuArray<RowCache> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 static UNWIND_SCRATCH: PerCpuArray<Walk> = PerCpuArray::with_max_entries(1, 0);
 
@@ -57,26 +51,6 @@ const BP_UNKNOWN: u64 = 2;
 const UC_RBP: u64 = 40 + 10 * 8;
 const UC_RSP: u64 = 40 + 15 * 8;
 const UC_RIP: u64 = 40 + 16 * 8;
-
-const ROW_CACHE_BITS: u32 = 10;
-const ROW_CACHE_SIZE: usize = 1 << ROW_CACHE_BITS;
-
-/// The row found for a pc of a table, as loaded at `first_row` with `rows`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct CachedRow {
-    table: u32,
-    target: u32,
-    first_row: u32,
-    rows: u32,
-    row: UnwindRow,
-}
-
-/// Direct-mapped: a slot per hash of (table, pc).
-#[repr(C)]
-struct RowCache {
-    entries: [CachedRow; ROW_CACHE_SIZE],
-}
 
 /// What a `bpf_loop` step needs; lives on the sampler's stack.
 #[repr(C)]
@@ -384,133 +358,4 @@ fn frame_pointer_step(walk: &mut Walk, missing: UnwindEnd) -> Result<(), UnwindE
 fn read_user(address: u64) -> Result<u64, UnwindEnd> {
     // SAFETY: probe_read checks the address; a fault is an error, not a crash.
     unsafe { bpf_probe_read_user(address as *const u64) }.map_err(|_| UnwindEnd::ReadFault)
-}
-
-/// The row for `pc`, or why there is none.
-#[inline(always)]
-fn find_row(process: &UnwindProcess, pc: u64, hint: &mut u64) -> Result<UnwindRow, UnwindEnd> {
-    let count = process.count as usize;
-    let (mut lo, mut hi) = (0usize, count.min(MAX_UNWIND_MAPPINGS));
-    let mut found = MAX_UNWIND_MAPPINGS;
-    // Callers are mostly in the same file as their callee: try its mapping first.
-    let last = *hint as usize & (MAX_UNWIND_MAPPINGS - 1);
-    let cached = &process.mappings[last];
-    if last < hi && cached.start <= pc && pc < cached.end {
-        found = last;
-        hi = 0;
-    }
-    // log2(MAX_UNWIND_MAPPINGS) + 1 halvings find any mapping.
-    for _ in 0..9 {
-        if lo >= hi {
-            break;
-        }
-        let mid = (lo + hi) / 2;
-        let mapping = &process.mappings[mid & (MAX_UNWIND_MAPPINGS - 1)];
-        if pc < mapping.start {
-            hi = mid;
-        } else if pc >= mapping.end {
-            lo = mid + 1;
-        } else {
-            found = mid;
-            break;
-        }
-    }
-    let Some(mapping) = process.mappings.get(found) else {
-        return Err(UnwindEnd::NoMapping);
-    };
-    *hint = found as u64;
-    if mapping.table == 0 {
-        return Err(UnwindEnd::NoFramePointer);
-    }
-    let Some(range) = UNWIND_TABLES.get(mapping.table) else {
-        return Err(UnwindEnd::TableNotLoaded);
-    };
-    let (first, rows) = (range.first_row, range.rows);
-    if rows == 0 {
-        return Err(UnwindEnd::TableNotLoaded);
-    }
-    let target = pc.wrapping_sub(mapping.bias);
-    if target > u64::from(u32::MAX) {
-        return Err(UnwindEnd::NoFramePointer);
-    }
-    let target = target as u32;
-    // The same return addresses come back sample after sample: a per-CPU
-    // cache of their rows saves both searches. An entry is only good for
-    // the table as loaded now (its place and size), so an evicted and
-    // reloaded table, or an id given to another file, never hits stale rows.
-    let Some(cache) = ROW_CACHE.get_ptr_mut(0) else {
-        return find_in_table(first, rows, target);
-    };
-    let slot =
-        (target ^ mapping.table.wrapping_mul(0x9e37_79b9)).wrapping_mul(0x85eb_ca6b) >> (32 - ROW_CACHE_BITS);
-    // SAFETY: this CPU's cache; programs do not nest on one CPU.
-    let entry = unsafe { &mut (*cache).entries[slot as usize & (ROW_CACHE_SIZE - 1)] };
-    if entry.target == target
-        && entry.table == mapping.table
-        && entry.first_row == first
-        && entry.rows == rows
-    {
-        return Ok(entry.row);
-    }
-    let row = find_in_table(first, rows, target)?;
-    *entry = CachedRow {
-        table: mapping.table,
-        target,
-        first_row: first,
-        rows,
-        row,
-    };
-    Ok(row)
-}
-
-/// The last row of `first..first + rows` whose pc is at most `target`.
-/// Halves across the chunks' first pcs first (a dense array: a few cache
-/// lines, one page), then within the one chunk left (one 4 KiB page): a cold
-/// walk touches two pages per frame, not one per probe.
-#[inline(always)]
-fn find_in_table(first: u32, rows: u32, target: u32) -> Result<UnwindRow, UnwindEnd> {
-    const PER_CHUNK: u32 = UNWIND_ROWS_PER_CHUNK as u32;
-    let end = first.saturating_add(rows);
-    let (mut lo, mut hi) = (first / PER_CHUNK, (end - 1) / PER_CHUNK + 1);
-    if chunk_pc(lo)? > target {
-        // Before the table's first row: no FDE covers it.
-        return Err(UnwindEnd::NoFramePointer);
-    }
-    // Invariant: chunk `lo` starts at or before `target`, every chunk from
-    // `hi` on after it. 15 halvings cover the largest table (2^24 rows).
-    for _ in 0..15 {
-        if hi - lo <= 1 {
-            break;
-        }
-        let mid = lo + (hi - lo) / 2;
-        if chunk_pc(mid)? <= target {
-            lo = mid;
-        } else {
-            hi = mid;
-        }
-    }
-    let chunk = UNWIND_ROWS.get(lo).ok_or(UnwindEnd::TableNotLoaded)?;
-    let base = lo * PER_CHUNK;
-    let (mut lo, mut hi) = (0, end.saturating_sub(base).min(PER_CHUNK));
-    // log2(rows per chunk) halvings finish the search.
-    for _ in 0..9 {
-        if hi - lo <= 1 {
-            break;
-        }
-        let mid = lo + (hi - lo) / 2;
-        if chunk.rows[mid as usize & (UNWIND_ROWS_PER_CHUNK - 1)].pc <= target {
-            lo = mid;
-        } else {
-            hi = mid;
-        }
-    }
-    Ok(chunk.rows[lo as usize & (UNWIND_ROWS_PER_CHUNK - 1)])
-}
-
-#[inline(always)]
-fn chunk_pc(chunk: u32) -> Result<u32, UnwindEnd> {
-    UNWIND_CHUNK_PCS
-        .get(chunk)
-        .copied()
-        .ok_or(UnwindEnd::TableNotLoaded)
 }

@@ -51,7 +51,29 @@ pub fn get_in_background(url: String) -> std::thread::JoinHandle<Result<u16, ure
     })
 }
 
+/// A loopback port free now, below the kernel's ephemeral range: a port
+/// the kernel hands out (bind to :0) may be taken as the source port of an
+/// outgoing connection before the server given it binds, and the tests
+/// that open thousands of connections make that likely. Random, so that
+/// test binaries running at once rarely pick the same one (and a bind
+/// checks that none holds it now).
 pub fn free_port() -> u16 {
+    use std::hash::{BuildHasher, RandomState};
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    const LOWEST: u16 = 10_000;
+    if ephemeral_low > LOWEST + 1000 {
+        let random = RandomState::new();
+        for attempt in 0..200u32 {
+            let pick = random.hash_one((std::process::id(), attempt));
+            let port = LOWEST + (pick % u64::from(ephemeral_low - LOWEST)) as u16;
+            if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return port;
+            }
+        }
+    }
     TcpListener::bind("127.0.0.1:0")
         .and_then(|listener| listener.local_addr())
         .map(|addr| addr.port())

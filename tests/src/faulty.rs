@@ -11,12 +11,13 @@ use std::{
 
 use crate::daemon::free_port;
 
-/// `profilerd-faulty` (tests/tools/profilerd_faulty.rs): the daemon with
-/// the fault hook, built beside `profilerd` from the same library.
+/// `profilerd-faulty` (profiler-daemon/examples/profilerd_faulty.rs): the
+/// daemon with the fault hook, built beside `profilerd` from the same
+/// library by `cargo build --release --all-targets`.
 pub fn fault_injection_bin() -> PathBuf {
     crate::built_bin(
-        "profilerd-faulty",
-        "cargo build --release -p profilerd-tests --bin profilerd-faulty",
+        "examples/profilerd-faulty",
+        "cargo build --release -p profiler-daemon --example profilerd-faulty",
     )
 }
 

@@ -1,0 +1,171 @@
+//! Finding the CFI row for a pc: the process's mapping, its table, a
+//! per-CPU cache of recent rows, then a binary search over the table's
+//! chunks of rows.
+
+use aya_ebpf::{
+    macros::map,
+    maps::{Array, PerCpuArray},
+};
+use profiler_common::{
+    MAX_UNWIND_MAPPINGS, UNWIND_ROWS_PER_CHUNK, UnwindEnd, UnwindProcess, UnwindRow, UnwindRowChunk,
+    UnwindTableRange, maps::*,
+};
+
+#[map]
+static UNWIND_ROWS: Array<UnwindRowChunk> = Array::with_max_entries(DEFAULT_UNWIND_ROW_CHUNKS, 0);
+/// The first pc of each chunk of UNWIND_ROWS, for the first halvings.
+#[map]
+static UNWIND_CHUNK_PCS: Array<u32> = Array::with_max_entries(DEFAULT_UNWIND_ROW_CHUNKS, 0);
+#[map]
+static UNWIND_TABLES: Array<UnwindTableRange> = Array::with_max_entries(UNWIND_TABLE_IDS, 0);
+#[map]
+static ROW_CACHE: PerCpuArray<RowCache> = PerCpuArray::with_max_entries(1, 0);
+
+const ROW_CACHE_BITS: u32 = 10;
+const ROW_CACHE_SIZE: usize = 1 << ROW_CACHE_BITS;
+
+/// The row found for a pc of a table, as loaded at `first_row` with `rows`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CachedRow {
+    table: u32,
+    target: u32,
+    first_row: u32,
+    rows: u32,
+    row: UnwindRow,
+}
+
+/// Direct-mapped: a slot per hash of (table, pc).
+#[repr(C)]
+struct RowCache {
+    entries: [CachedRow; ROW_CACHE_SIZE],
+}
+
+/// The row for `pc`, or why there is none.
+#[inline(always)]
+pub(super) fn find_row(process: &UnwindProcess, pc: u64, hint: &mut u64) -> Result<UnwindRow, UnwindEnd> {
+    let count = process.count as usize;
+    let (mut lo, mut hi) = (0usize, count.min(MAX_UNWIND_MAPPINGS));
+    let mut found = MAX_UNWIND_MAPPINGS;
+    // Callers are mostly in the same file as their callee: try its mapping first.
+    let last = *hint as usize & (MAX_UNWIND_MAPPINGS - 1);
+    let cached = &process.mappings[last];
+    if last < hi && cached.start <= pc && pc < cached.end {
+        found = last;
+        hi = 0;
+    }
+    // log2(MAX_UNWIND_MAPPINGS) + 1 halvings find any mapping.
+    for _ in 0..9 {
+        if lo >= hi {
+            break;
+        }
+        let mid = (lo + hi) / 2;
+        let mapping = &process.mappings[mid & (MAX_UNWIND_MAPPINGS - 1)];
+        if pc < mapping.start {
+            hi = mid;
+        } else if pc >= mapping.end {
+            lo = mid + 1;
+        } else {
+            found = mid;
+            break;
+        }
+    }
+    let Some(mapping) = process.mappings.get(found) else {
+        return Err(UnwindEnd::NoMapping);
+    };
+    *hint = found as u64;
+    if mapping.table == 0 {
+        return Err(UnwindEnd::NoFramePointer);
+    }
+    let Some(range) = UNWIND_TABLES.get(mapping.table) else {
+        return Err(UnwindEnd::TableNotLoaded);
+    };
+    let (first, rows) = (range.first_row, range.rows);
+    if rows == 0 {
+        return Err(UnwindEnd::TableNotLoaded);
+    }
+    let target = pc.wrapping_sub(mapping.bias);
+    if target > u64::from(u32::MAX) {
+        return Err(UnwindEnd::NoFramePointer);
+    }
+    let target = target as u32;
+    // The same return addresses come back sample after sample: a per-CPU
+    // cache of their rows saves both searches. An entry is only good for
+    // the table as loaded now (its place and size), so an evicted and
+    // reloaded table, or an id given to another file, never hits stale rows.
+    let Some(cache) = ROW_CACHE.get_ptr_mut(0) else {
+        return find_in_table(first, rows, target);
+    };
+    let slot =
+        (target ^ mapping.table.wrapping_mul(0x9e37_79b9)).wrapping_mul(0x85eb_ca6b) >> (32 - ROW_CACHE_BITS);
+    // SAFETY: this CPU's cache; programs do not nest on one CPU.
+    let entry = unsafe { &mut (*cache).entries[slot as usize & (ROW_CACHE_SIZE - 1)] };
+    if entry.target == target
+        && entry.table == mapping.table
+        && entry.first_row == first
+        && entry.rows == rows
+    {
+        return Ok(entry.row);
+    }
+    let row = find_in_table(first, rows, target)?;
+    *entry = CachedRow {
+        table: mapping.table,
+        target,
+        first_row: first,
+        rows,
+        row,
+    };
+    Ok(row)
+}
+
+/// The last row of `first..first + rows` whose pc is at most `target`.
+/// Halves across the chunks' first pcs first (a dense array: a few cache
+/// lines, one page), then within the one chunk left (one 4 KiB page): a cold
+/// walk touches two pages per frame, not one per probe.
+#[inline(always)]
+fn find_in_table(first: u32, rows: u32, target: u32) -> Result<UnwindRow, UnwindEnd> {
+    const PER_CHUNK: u32 = UNWIND_ROWS_PER_CHUNK as u32;
+    let end = first.saturating_add(rows);
+    let (mut lo, mut hi) = (first / PER_CHUNK, (end - 1) / PER_CHUNK + 1);
+    if chunk_pc(lo)? > target {
+        // Before the table's first row: no FDE covers it.
+        return Err(UnwindEnd::NoFramePointer);
+    }
+    // Invariant: chunk `lo` starts at or before `target`, every chunk from
+    // `hi` on after it. 15 halvings cover the largest table (2^24 rows).
+    for _ in 0..15 {
+        if hi - lo <= 1 {
+            break;
+        }
+        let mid = lo + (hi - lo) / 2;
+        if chunk_pc(mid)? <= target {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    let chunk = UNWIND_ROWS.get(lo).ok_or(UnwindEnd::TableNotLoaded)?;
+    let base = lo * PER_CHUNK;
+    let (mut lo, mut hi) = (0, end.saturating_sub(base).min(PER_CHUNK));
+    // log2(rows per chunk) halvings finish the search.
+    for _ in 0..9 {
+        if hi - lo <= 1 {
+            break;
+        }
+        let mid = lo + (hi - lo) / 2;
+        if chunk.rows[mid as usize & (UNWIND_ROWS_PER_CHUNK - 1)].pc <= target {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    Ok(chunk.rows[lo as usize & (UNWIND_ROWS_PER_CHUNK - 1)])
+}
+
+#[inline(always)]
+fn chunk_pc(chunk: u32) -> Result<u32, UnwindEnd> {
+    UNWIND_CHUNK_PCS
+        .get(chunk)
+        .copied()
+        .ok_or(UnwindEnd::TableNotLoaded)
+}
