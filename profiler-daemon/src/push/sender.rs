@@ -93,60 +93,25 @@ impl Sender {
             match result {
                 Ok(()) => {
                     backoff = FIRST_BACKOFF;
-                    let stats = &queue.stats;
-                    stats.accepted.fetch_add(1, Relaxed);
-                    stats.bytes.fetch_add(queued.message.len() as u64, Relaxed);
-                    stats.samples.fetch_add(queued.samples, Relaxed);
-                    stats.last_accepted_ms.store(crate::unix_now_ms(), Relaxed);
-                    queue.spool.done(&queued);
+                    queue.accepted(&queued);
                 }
                 Err(failure) if failure.retry => {
-                    queue.stats.failed.fetch_add(1, Relaxed);
-                    tracing::warn!(
-                        target = %queue.stats.name,
-                        "push of window {}..{} ms failed, will retry: {}",
-                        queued.window.start_ms,
-                        queued.window.end_ms,
-                        failure.reason
-                    );
-                    queue.spool.put_back(queued);
-                    queue.publish();
+                    queue.failed(queued, &failure.reason);
                     if flush_until.is_some() {
                         queue.give_up_at_exit();
                         return;
                     }
                     let wait = jittered(backoff);
                     backoff = (backoff * 2).min(LAST_BACKOFF);
-                    let until = Instant::now() + wait;
-                    // Windows keep arriving while waiting.
-                    loop {
-                        tokio::select! {
-                            () = tokio::time::sleep_until(until) => break,
-                            next = windows.recv() => match next {
-                                Some(next) => queue.enqueue(next),
-                                None => {
-                                    queue.give_up_at_exit();
-                                    return;
-                                }
-                            },
-                        }
+                    if !queue
+                        .wait_taking_windows(&mut windows, Instant::now() + wait)
+                        .await
+                    {
+                        queue.give_up_at_exit();
+                        return;
                     }
                 }
-                Err(failure) => {
-                    let stats = &queue.stats;
-                    stats.refused.fetch_add(1, Relaxed);
-                    stats.dropped_refused.fetch_add(1, Relaxed);
-                    stats.dropped_samples.fetch_add(queued.samples, Relaxed);
-                    tracing::error!(
-                        target = %stats.name,
-                        "window {}..{} ms refused, dropped ({} samples): {}",
-                        queued.window.start_ms,
-                        queued.window.end_ms,
-                        queued.samples,
-                        failure.reason
-                    );
-                    queue.spool.done(&queued);
-                }
+                Err(failure) => queue.refused(&queued, &failure.reason),
             }
             queue.publish();
         }
@@ -160,6 +125,58 @@ struct Queue {
 }
 
 impl Queue {
+    fn accepted(&mut self, queued: &Queued) {
+        let stats = &self.stats;
+        stats.accepted.fetch_add(1, Relaxed);
+        stats.bytes.fetch_add(queued.message.len() as u64, Relaxed);
+        stats.samples.fetch_add(queued.samples, Relaxed);
+        stats.last_accepted_ms.store(crate::unix_now_ms(), Relaxed);
+        self.spool.done(queued);
+    }
+
+    /// A failed attempt: the window goes back to the queue's head.
+    fn failed(&mut self, queued: Queued, reason: &str) {
+        self.stats.failed.fetch_add(1, Relaxed);
+        tracing::warn!(
+            target = %self.stats.name,
+            "push of window {}..{} ms failed, will retry: {reason}",
+            queued.window.start_ms,
+            queued.window.end_ms,
+        );
+        self.spool.put_back(queued);
+        self.publish();
+    }
+
+    /// A refusal: retrying would be refused again, so the window goes.
+    fn refused(&mut self, queued: &Queued, reason: &str) {
+        let stats = &self.stats;
+        stats.refused.fetch_add(1, Relaxed);
+        stats.dropped_refused.fetch_add(1, Relaxed);
+        stats.dropped_samples.fetch_add(queued.samples, Relaxed);
+        tracing::error!(
+            target = %stats.name,
+            "window {}..{} ms refused, dropped ({} samples): {reason}",
+            queued.window.start_ms,
+            queued.window.end_ms,
+            queued.samples,
+        );
+        self.spool.done(queued);
+    }
+
+    /// Waits until `until`, taking in the windows that arrive meanwhile;
+    /// false if the cutter is gone (the daemon stops).
+    async fn wait_taking_windows(&mut self, windows: &mut mpsc::Receiver<Queued>, until: Instant) -> bool {
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep_until(until) => return true,
+                next = windows.recv() => match next {
+                    Some(next) => self.enqueue(next),
+                    None => return false,
+                },
+            }
+        }
+    }
+
     fn enqueue(&mut self, queued: Queued) {
         let dropped = self.spool.push(queued);
         self.count_dropped(&dropped);

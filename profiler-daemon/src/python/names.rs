@@ -32,6 +32,7 @@ use crate::python::code::{CodeError, CodeObject, read_code_with};
 use crate::python::layout::Layout;
 use crate::python::memory::{Memory, ProcessMemory};
 use crate::python::reader::ReaderStats;
+use entries::{Cached, Entry, Process, State, cached};
 
 /// Bytes counted for a negative entry (its map slot).
 const NEGATIVE_WEIGHT: usize = 64;
@@ -91,35 +92,6 @@ pub struct PythonNameStats {
     pub reader: ReaderStats,
 }
 
-enum State {
-    Code {
-        code: Arc<CodeObject>,
-        /// Bit k: a slot with key k did not match `code`, read again at
-        /// `read`; such slots get a placeholder without a read until
-        /// `negative_ttl` after it (the address may hold a new object).
-        mismatched: u32,
-        read: Instant,
-    },
-    Unreadable {
-        since: Instant,
-    },
-}
-
-struct Entry {
-    state: State,
-    /// The cache's clock when last used.
-    used: u64,
-    weight: usize,
-}
-
-struct Process<M> {
-    memory: M,
-    /// This process's code type, once checked by name.
-    code_type: Option<u64>,
-    entries: HashMap<u64, Entry>,
-    bytes: usize,
-}
-
 /// The cache (see the module's documentation).
 pub struct PythonNames<M: Memory = ProcessMemory> {
     open: Box<dyn Fn(u32) -> M + Send>,
@@ -176,30 +148,16 @@ impl<M: Memory> PythonNames<M> {
             entries: HashMap::new(),
             bytes: 0,
         });
-
         // The cached entry answers, unless it must be read again.
-        let mut seen = None;
-        if let Some(entry) = process.entries.get_mut(&address) {
-            entry.used = clock;
-            let ttl = self.limits.negative_ttl;
-            match &entry.state {
-                State::Code { code, .. } if code.key() == key => return frame(code, instruction),
-                State::Code {
-                    code,
-                    mismatched,
-                    read,
-                } => {
-                    if mismatched & (1 << key) != 0 && read.elapsed() < ttl {
-                        self.stats.key_mismatches += 1;
-                        return placeholder(address);
-                    }
-                    seen = Some((code.key(), *mismatched));
-                }
-                State::Unreadable { since } if since.elapsed() < ttl => return placeholder(address),
-                State::Unreadable { .. } => {}
+        let seen = match cached(process, address, key, clock, self.limits.negative_ttl) {
+            Cached::Code(code) => return frame(&code, instruction),
+            Cached::Mismatched => {
+                self.stats.key_mismatches += 1;
+                return placeholder(address);
             }
-        }
-
+            Cached::Unreadable => return placeholder(address),
+            Cached::Stale(seen) => seen,
+        };
         self.stats.reads += 1;
         let read = Instant::now();
         let outcome = read_code_with(&process.memory, layout, address, &mut process.code_type);
@@ -207,16 +165,12 @@ impl<M: Memory> PythonNames<M> {
         let (state, answer) = match outcome {
             Ok(code) if code.key() == key => {
                 let answer = frame(&code, instruction);
-                let code = Arc::new(code);
-                let mismatched = 0;
-                (
-                    State::Code {
-                        code,
-                        mismatched,
-                        read,
-                    },
-                    answer,
-                )
+                let state = State::Code {
+                    code: Arc::new(code),
+                    mismatched: 0,
+                    read,
+                };
+                (state, answer)
             }
             Ok(code) => {
                 self.stats.key_mismatches += 1;
@@ -225,15 +179,12 @@ impl<M: Memory> PythonNames<M> {
                     Some((seen_key, mismatched)) if seen_key == code.key() => mismatched,
                     _ => 0,
                 };
-                let (code, mismatched) = (Arc::new(code), kept | (1 << key));
-                (
-                    State::Code {
-                        code,
-                        mismatched,
-                        read,
-                    },
-                    placeholder(address),
-                )
+                let state = State::Code {
+                    code: Arc::new(code),
+                    mismatched: kept | (1 << key),
+                    read,
+                };
+                (state, placeholder(address))
             }
             Err(CodeError::Read { source, .. }) if source.is_transient() => {
                 // The reader could not read now (too many reads blocked):
@@ -247,6 +198,16 @@ impl<M: Memory> PythonNames<M> {
                 self.stats.read_errors += 1;
                 (State::Unreadable { since: read }, placeholder(address))
             }
+        };
+        self.remember((pid, instance), address, state, clock);
+        answer
+    }
+
+    /// Caches what was read of `address` in the process `key`, within the
+    /// cache's bounds.
+    fn remember(&mut self, key: (u32, u32), address: u64, state: State, clock: u64) {
+        let Some(process) = self.processes.get_mut(&key) else {
+            return;
         };
         let weight = match &state {
             State::Code { code, .. } => code.weight(),
@@ -266,8 +227,7 @@ impl<M: Memory> PythonNames<M> {
             }
             None => self.entries += 1,
         }
-        self.bound((pid, instance));
-        answer
+        self.bound(key);
     }
 
     /// Takes in a code object read ahead of its samples (see
@@ -406,6 +366,7 @@ fn placeholder(address: u64) -> PythonFrame {
     }
 }
 
+mod entries;
 #[cfg(test)]
 mod live;
 #[cfg(test)]

@@ -38,7 +38,7 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
-use crate::python::memory::{Memory, MemoryError, ProcessMemory, check_read};
+use crate::python::memory::{Memory, MemoryError, ProcessMemory};
 
 /// The longest a read holds its caller. A read of resident memory takes
 /// microseconds; one that pages in from swap or from a local disk's page
@@ -195,11 +195,7 @@ impl Reader {
     /// The memory of one process instance: open it again for another
     /// instance of the pid (a stalled instance stays so, the next is read).
     pub fn open(&self, pid: u32) -> ReaderMemory {
-        ReaderMemory {
-            pid,
-            reader: self.clone(),
-            stalled: AtomicBool::new(false),
-        }
+        ReaderMemory::new(pid, self.clone())
     }
 
     pub fn stats(&self) -> ReaderStats {
@@ -370,52 +366,8 @@ fn serve(shared: Arc<Shared>, requests: Receiver<Request>) {
     }
 }
 
-/// One process instance's memory, read through a [`Reader`].
-pub struct ReaderMemory {
-    pid: u32,
-    reader: Reader,
-    /// A read of it timed out: never read again.
-    stalled: AtomicBool,
-}
-
-impl ReaderMemory {
-    pub fn stalled(&self) -> bool {
-        self.stalled.load(Ordering::Relaxed)
-    }
-}
-
-impl Memory for ReaderMemory {
-    fn read(&self, address: u64, buffer: &mut [u8]) -> Result<(), MemoryError> {
-        let inner = &*self.reader.inner;
-        if self.stalled() {
-            inner.refused_stalled.fetch_add(1, Ordering::Relaxed);
-            return Err(MemoryError::Stalled { pid: self.pid });
-        }
-        // Refused here, a bad read costs no trip to the thread.
-        check_read(address, buffer.len())?;
-        if buffer.is_empty() {
-            return Ok(());
-        }
-        let outcome = inner.read(self.pid, address, buffer);
-        if matches!(outcome, Err(MemoryError::TimedOut { .. })) && !self.stalled.swap(true, Ordering::Relaxed)
-        {
-            inner.stalled_processes.fetch_add(1, Ordering::Relaxed);
-        }
-        outcome
-    }
-}
-
-impl Drop for ReaderMemory {
-    /// The process exited (or its cache was dropped): one fewer stalled.
-    fn drop(&mut self) {
-        if self.stalled() {
-            self.reader
-                .inner
-                .stalled_processes
-                .fetch_sub(1, Ordering::Relaxed);
-        }
-    }
-}
+mod memory;
+pub use memory::ReaderMemory;
 
 #[cfg(test)]
 mod fuse;
