@@ -13,6 +13,7 @@
 //! frame pointers.
 
 mod charges;
+pub mod metrics;
 mod placement;
 mod process_entry;
 mod python_entry;
