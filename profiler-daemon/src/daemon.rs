@@ -19,6 +19,7 @@ use crate::{
     },
     store::StoreConfig,
     supervise::{self, EndReason, StageEnd, Supervisor},
+    telemetry::Telemetry,
 };
 
 /// Exit status when the BPF programs cannot be loaded or attached
@@ -92,7 +93,9 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     // No drain for this long is a dead drain stage.
     let stall_limit = (options.drain_interval * STALL_INTERVALS).max(STALL_MIN);
     let mut supervisor = Supervisor::new();
-    let pipeline = match Pipeline::start(options, &supervisor.reporter()) {
+    // Every stage registers its metrics as it is built; serve encodes them.
+    let mut telemetry = Telemetry::new();
+    let pipeline = match Pipeline::start(options, &supervisor.reporter(), &mut telemetry) {
         Ok(pipeline) => Arc::new(pipeline),
         Err(err @ PipelineError::Collect(_)) => {
             let errno = os_error(&err).unwrap_or(libc::EPERM as u32);
@@ -101,7 +104,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         }
         Err(err) => return Err(err.into()),
     };
-    let pusher = crate::push::Pusher::start(&push, pipeline.clone(), &supervisor.reporter())
+    let pusher = crate::push::Pusher::start(&push, pipeline.clone(), &supervisor.reporter(), &mut telemetry)
         .map_err(DaemonError::Push)?;
     tracing::info!(listen = %args.listen, "profilerd running: {reach}");
     // Under systemd (Type=notify): ready only now, with the programs attached
@@ -123,13 +126,8 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         args.http.limits(),
         policy,
         args.http.scrape_limits(),
-    )
-    .with_tls(tls.clone())
-    .with_push(
-        pusher
-            .as_ref()
-            .map(|pusher| pusher.stats().to_vec())
-            .unwrap_or_default(),
+        tls.clone(),
+        telemetry,
     );
     supervisor
         .reporter()
@@ -159,7 +157,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
             server.abort();
             Ok(Ok(()))
         }
-        end = supervisor.failure(move || progress.status().last_drain_at, "drain", stall_limit) => {
+        end = supervisor.failure(move || progress.status().drain.last_drain_at, "drain", stall_limit) => {
             Err(stage_failed(end))
         }
     };

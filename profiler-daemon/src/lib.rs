@@ -16,7 +16,9 @@
 //!
 //! [`push`] sends windows of the store to a fleet's profile store
 //! (Pyroscope, Parca). [`pipeline`] wires the stages together; [`supervise`] makes the end of
-//! any of them the end of the daemon. `docs/architecture.md` draws it.
+//! any of them the end of the daemon. Each stage registers its own metrics
+//! into one [`telemetry::Telemetry`] as it is built; `/metrics` encodes it.
+//! `docs/architecture.md` draws it.
 
 pub mod cgroup;
 pub mod cli;
@@ -37,6 +39,7 @@ pub mod shares;
 pub mod store;
 pub mod supervise;
 pub mod symbolize;
+pub mod telemetry;
 
 /// Milliseconds since the Unix epoch (0 if the clock is before it).
 pub fn unix_now_ms() -> u64 {

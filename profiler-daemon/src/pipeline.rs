@@ -16,21 +16,24 @@ use std::{
 use tokio::sync::{oneshot, watch};
 
 use crate::python::{
+    self,
     detect::{Detected, DetectionStats},
     prefetch::{PrefetchStats, Prefetcher, PythonNews},
 };
 use crate::{
     collect::{
-        BpfCounters, CollectError, Drainer, MapSizes, OpenFileStats, OpenFiles, ProcessNotice,
-        ProcessWatcher, RawBatch, Sampler, SamplerOptions, SnapshotReader, WatcherStats,
+        self, CollectError, DrainStatus, Drainer, MapEntries, MapSizes, OpenFileStats, OpenFiles,
+        ProcessNotice, ProcessWatcher, RawBatch, Sampler, SamplerOptions, SnapshotReader, WatcherStats,
+        metrics::CollectFigures,
         unwind_tables::{SampledStacks, TableManager, UnwindInput, UnwindStats},
     },
     store::{self, Store, StoreConfig, StoreHandle},
     supervise::{self, StageReporter},
     symbolize::{
-        Symbolizer, SymbolizerStats,
+        self, SymbolizeStatus, Symbolizer,
         worker::{WorkerClient, WorkerConfig},
     },
+    telemetry::{Live, Telemetry},
 };
 use crate::{error::Chain, kind::KindSet, procfs::ProcRoot};
 
@@ -63,27 +66,12 @@ pub struct SymbolizerOptions {
     pub worker_deadline: Duration,
 }
 
-/// What the pipeline has been doing, updated after every drain.
+/// What the pipeline has been doing, updated after every drain: each
+/// stage's part is its own type (its metrics read it).
 #[derive(Clone, Debug, Default)]
 pub struct PipelineStatus {
-    /// BPF counters as of the last drain.
-    pub bpf: BpfCounters,
-    pub symbolizer: SymbolizerStats,
-    pub drains: u64,
-    pub last_drain: Duration,
-    pub last_symbolize: Duration,
-    /// Map entries that could not be read or deleted.
-    pub map_read_errors: u64,
-    /// Off-CPU waits still going on at a drain whose stacks were gone by
-    /// then: counted without their stacks.
-    pub wait_stacks_lost: u64,
-    /// Entries found in the counts, user-stack and kernel-stack maps at the last drain.
-    pub map_entries: MapEntries,
-    pub drain_seconds_total: f64,
-    pub symbolize_seconds_total: f64,
-    /// When the maps were last drained / a batch last symbolized (liveness).
-    pub last_drain_at: Option<Instant>,
-    pub last_symbolized_at: Option<Instant>,
+    pub drain: DrainStatus,
+    pub symbolize: SymbolizeStatus,
     /// The newest drain handed to the store: a query sent from now on sees it.
     pub last_stored: Option<StoredDrain>,
 }
@@ -96,14 +84,6 @@ pub struct StoredDrain {
     pub began: Instant,
     /// Its time in the store (Unix ms).
     pub time_ms: u64,
-}
-
-/// Occupancy of one buffer's maps when it was drained.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct MapEntries {
-    pub counts: usize,
-    pub user_stacks: usize,
-    pub kernel_stacks: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -137,16 +117,10 @@ pub struct Pipeline {
     drain_tx: mpsc::Sender<DrainCommand>,
     store: StoreHandle,
     status: watch::Receiver<PipelineStatus>,
-    watcher_stats: Arc<WatcherStats>,
-    open_files: Arc<OpenFileStats>,
-    unwind: Option<Arc<UnwindStats>>,
-    python: Option<Arc<DetectionStats>>,
-    prefetch: Option<Arc<PrefetchStats>>,
     threads: Vec<JoinHandle<()>>,
     cpus: usize,
     frequency: u64,
     kinds: KindSet,
-    map_sizes: MapSizes,
     started_ms: u64,
     proc_root: ProcRoot,
 }
@@ -154,13 +128,19 @@ pub struct Pipeline {
 impl Pipeline {
     /// Loads and attaches the sampler and starts every stage. Must run inside
     /// a tokio runtime (the store is a task). Every stage's end goes to
-    /// `stages`.
-    pub fn start(options: PipelineOptions, stages: &StageReporter) -> Result<Self, PipelineError> {
+    /// `stages`; every stage's metrics are registered into `telemetry`.
+    pub fn start(
+        options: PipelineOptions,
+        stages: &StageReporter,
+        telemetry: &mut Telemetry,
+    ) -> Result<Self, PipelineError> {
         let started_ms = crate::unix_now_ms();
         let (sampler, drainer, events, unwind_maps) = Sampler::start(&options.sampler)?;
         let cpus = sampler.cpus();
         let kinds = sampler.kinds();
-        let (store, store_task) = store::spawn(Store::new(options.store, options.sampler.frequency));
+        let store = Store::new(options.store, options.sampler.frequency);
+        let store_stats = store.shared_stats();
+        let (store, store_task) = store::spawn(store);
         stages.watch_task("store", store_task);
         let (status_tx, status) = watch::channel(PipelineStatus::default());
         let status_tx = Arc::new(status_tx);
@@ -283,20 +263,24 @@ impl Pipeline {
                 stop.store(true, Ordering::Relaxed);
             }),
         )?);
-        Ok(Self {
-            drain_tx,
-            store,
-            status,
-            watcher_stats,
+        StageFigures {
+            map_sizes: options.sampler.map_sizes,
+            watcher: watcher_stats,
             open_files,
             unwind: unwind_stats,
             python: python_stats,
             prefetch: prefetch_stats,
+            store: store_stats,
+        }
+        .register(telemetry, &status);
+        Ok(Self {
+            drain_tx,
+            store,
+            status,
             threads,
             cpus,
             frequency: options.sampler.frequency,
             kinds,
-            map_sizes: options.sampler.map_sizes,
             started_ms,
             proc_root: options.proc_root,
         })
@@ -331,29 +315,6 @@ impl Pipeline {
         self.status.borrow().last_stored
     }
 
-    pub fn watcher_stats(&self) -> &WatcherStats {
-        &self.watcher_stats
-    }
-
-    pub fn open_files(&self) -> &OpenFileStats {
-        &self.open_files
-    }
-
-    /// The unwind tables' figures (`--unwind auto` only).
-    pub fn unwind_stats(&self) -> Option<&UnwindStats> {
-        self.unwind.as_deref()
-    }
-
-    /// CPython processes found (None without Python frames or tables).
-    pub fn python_stats(&self) -> Option<&DetectionStats> {
-        self.python.as_deref()
-    }
-
-    /// Code objects read ahead (None without Python frames).
-    pub fn prefetch_stats(&self) -> Option<&PrefetchStats> {
-        self.prefetch.as_deref()
-    }
-
     pub fn cpus(&self) -> usize {
         self.cpus
     }
@@ -376,11 +337,6 @@ impl Pipeline {
         self.kinds
     }
 
-    /// Capacities of the BPF maps (per buffer).
-    pub fn map_sizes(&self) -> MapSizes {
-        self.map_sizes
-    }
-
     /// Final drain, detaches the BPF programs and joins every thread.
     pub async fn shutdown(self) {
         let _ = self.drain_tx.send(DrainCommand::Stop);
@@ -391,6 +347,42 @@ impl Pipeline {
             }
         })
         .await;
+    }
+}
+
+/// What the stages count that is not in the pipeline's status.
+struct StageFigures {
+    map_sizes: MapSizes,
+    watcher: Arc<WatcherStats>,
+    open_files: Arc<OpenFileStats>,
+    unwind: Option<Arc<UnwindStats>>,
+    python: Option<Arc<DetectionStats>>,
+    prefetch: Option<Arc<PrefetchStats>>,
+    store: Arc<store::metrics::SharedStats>,
+}
+
+impl StageFigures {
+    /// Registers every stage's metrics, in the order /metrics shows them;
+    /// the drain and symbolize stages read their parts of `status`.
+    fn register(self, telemetry: &mut Telemetry, status: &watch::Receiver<PipelineStatus>) {
+        let drained = status.clone();
+        collect::metrics::register(
+            telemetry,
+            CollectFigures {
+                drain: Live::new(move || drained.borrow().drain.clone()),
+                map_sizes: self.map_sizes,
+                watcher: self.watcher,
+                open_files: self.open_files,
+                unwind: self.unwind,
+            },
+        );
+        let symbolized = status.clone();
+        symbolize::metrics::register(
+            telemetry,
+            Live::new(move || symbolized.borrow().symbolize.clone()),
+        );
+        python::metrics::register(telemetry, self.python, self.prefetch);
+        store::metrics::register(telemetry, self.store);
     }
 }
 
@@ -433,8 +425,8 @@ fn drain_loop(
                 // /metrics even while the symbolizer lags.
                 let drained_at = Instant::now();
                 status.send_modify(|status| {
-                    status.bpf = batch.counters;
-                    status.last_drain_at = Some(drained_at);
+                    status.drain.bpf = batch.counters;
+                    status.drain.last_drain_at = Some(drained_at);
                 });
                 if let Some((unwind_tx, stats)) = &unwind {
                     let sampled = SampledStacks {
@@ -524,16 +516,18 @@ fn symbolize_loop(
                 }
                 let symbolize_time = started.elapsed();
                 status.send_modify(|status| {
-                    status.symbolizer = symbolizer.stats();
-                    status.last_symbolized_at = Some(Instant::now());
-                    status.drains += 1;
-                    status.last_drain = drain_time;
-                    status.last_symbolize = symbolize_time;
-                    status.map_read_errors += batch.read_errors;
-                    status.wait_stacks_lost += batch.wait_stacks_lost;
-                    status.map_entries = map_entries;
-                    status.drain_seconds_total += drain_time.as_secs_f64();
-                    status.symbolize_seconds_total += symbolize_time.as_secs_f64();
+                    let (drain, symbolize) = (&mut status.drain, &mut status.symbolize);
+                    symbolize.stats = symbolizer.stats();
+                    symbolize.last_symbolized_at = Some(Instant::now());
+                    symbolize.last_symbolize = symbolize_time;
+                    symbolize.symbolize_seconds_total += symbolize_time.as_secs_f64();
+                    // Counted once symbolized, with what the batch held.
+                    drain.drains += 1;
+                    drain.last_drain = drain_time;
+                    drain.map_read_errors += batch.read_errors;
+                    drain.wait_stacks_lost += batch.wait_stacks_lost;
+                    drain.map_entries = map_entries;
+                    drain.drain_seconds_total += drain_time.as_secs_f64();
                 });
                 if store.blocking_ingest(time_ms, samples, acks).is_err() {
                     return;

@@ -13,6 +13,7 @@ use crate::{
     profile::{Profile, flamegraph, folded, pprof},
     store::{Query, StoreConfig, Visible},
     supervise::Supervisor,
+    telemetry::Telemetry,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -60,7 +61,9 @@ pub async fn run(args: RecordArgs) -> Result<(), RecordError> {
     // A stage that ends early is logged as it ends, and the drain below then
     // fails with "the pipeline has stopped".
     let supervisor = Supervisor::new();
-    let pipeline = Pipeline::start(options, &supervisor.reporter())?;
+    // record serves no /metrics: the stages register into a registry nobody reads.
+    let mut telemetry = Telemetry::new();
+    let pipeline = Pipeline::start(options, &supervisor.reporter(), &mut telemetry)?;
     if profile_type.available(pipeline.kinds()).is_err() {
         supervisor.stop();
         pipeline.shutdown().await;
@@ -150,13 +153,13 @@ fn write_output(path: &Path, format: Format, filter: &Filter, profile: &Profile)
 pub fn counters_summary(status: &PipelineStatus) -> String {
     let mut line = String::from("bpf counters:");
     for counter in Counter::ALL {
-        line.push_str(&format!(" {}={}", counter.name(), status.bpf.get(counter)));
+        line.push_str(&format!(" {}={}", counter.name(), status.drain.bpf.get(counter)));
     }
     line.push_str(&format!(
         " errors={} map_read_errors={} unresolved_frames={}",
-        status.bpf.errors(),
-        status.map_read_errors,
-        status.symbolizer.resolver.unresolved
+        status.drain.bpf.errors(),
+        status.drain.map_read_errors,
+        status.symbolize.stats.resolver.unresolved
     ));
     line
 }

@@ -24,17 +24,19 @@ use aya_ebpf::{
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_stack, generated,
     },
-    macros::{map, perf_event},
+    macros::{map, perf_event, raw_tracepoint},
     maps::{Array, HashMap, PerCpuArray, RingBuf, StackTrace},
-    programs::{PerfEventContext, tracing::StackIdContext},
+    programs::{PerfEventContext, RawTracePointContext, tracing::StackIdContext},
 };
 use aya_log_ebpf::warn;
 use process::process_instance;
 use profiler_common::{
-    COMM_LEN, CONTROL_GENERATION, CONTROL_LEN, Counter, MAX_STACK_DEPTH, SPILLED_STACK_ID_BASE, SampleKey,
-    SampleValue, SpilledSample, UnwoundStack, maps::*, sample_kind, unwind_mode,
+    COMM_LEN, CONTROL_GENERATION, CONTROL_LEN, Counter, MAX_STACK_DEPTH, ProcessEventKind,
+    SPILLED_STACK_ID_BASE, SampleKey, SampleValue, SpilledSample, UnwoundStack, maps::*, sample_kind,
+    unwind_mode,
 };
 use thread_time::thread_cpu_since_last_sample;
+use unwind::UNWIND_PROCESSES;
 use walk::Walk;
 
 pub(crate) const EEXIST: i32 = 17;
@@ -339,6 +341,38 @@ fn stack_id(ctx: &PerfEventContext, map: &StackTrace, flags: u64, counters: [Cou
             err
         }
     }
+}
+
+/// After exec the process has new mappings: forget its instance so the next
+/// sample announces a new one and the daemon reads the new mappings.
+#[raw_tracepoint(tracepoint = "sched_process_exec")]
+pub fn on_exec(_ctx: RawTracePointContext) -> i32 {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    let _ = process::PROCESSES.remove(&tgid);
+    let _ = UNWIND_PROCESSES.remove(&tgid);
+    python::forget(tgid);
+    0
+}
+
+/// When a thread exits, its off-CPU record goes (a later thread may get its
+/// tid). When a sampled process's main thread exits, tell the daemon (so it can drop
+/// the mappings once the last samples are drained) and free the tgid.
+#[raw_tracepoint(tracepoint = "sched_process_exit")]
+pub fn on_exit(_ctx: RawTracePointContext) -> i32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    off_cpu::thread_exited(pid_tgid as u32);
+    if pid_tgid as u32 != tgid {
+        return 0;
+    }
+    let _ = UNWIND_PROCESSES.remove(&tgid);
+    python::forget(tgid);
+    // SAFETY: the value is only read.
+    if let Some(instance) = unsafe { process::PROCESSES.get(&tgid) }.copied() {
+        let _ = process::PROCESSES.remove(&tgid);
+        process::announce(ProcessEventKind::Exited, tgid, instance);
+    }
+    0
 }
 
 #[cfg(not(test))]

@@ -1,19 +1,18 @@
 //! Process instances: the id the sampler hands a process the first time it
-//! samples it (announced to the daemon, which reads its mappings then), and
-//! the exec and exit tracepoints that keep that table honest.
+//! samples it (announced to the daemon, which reads its mappings then).
+//! The exec and exit tracepoints that keep the table honest are in main.rs.
 
 use aya_ebpf::{
     EbpfContext,
     bindings::BPF_NOEXIST,
-    helpers::{bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_ktime_get_ns},
-    macros::{map, raw_tracepoint},
+    helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns},
+    macros::map,
     maps::{LruHashMap, RingBuf},
-    programs::RawTracePointContext,
 };
 use aya_log_ebpf::warn;
 use profiler_common::{Counter, ProcessEvent, ProcessEventKind, maps::*};
 
-use crate::{EEXIST, bump, off_cpu, python, unwind::UNWIND_PROCESSES};
+use crate::{EEXIST, bump};
 
 /// tgid -> instance of the process the sampler currently knows by that tgid.
 #[map]
@@ -52,7 +51,7 @@ pub(crate) fn process_instance<C: EbpfContext>(ctx: &C, tgid: u32) -> u32 {
 }
 
 #[inline(always)]
-fn announce(kind: ProcessEventKind, tgid: u32, instance: u32) {
+pub(crate) fn announce(kind: ProcessEventKind, tgid: u32, instance: u32) {
     match PROCESS_EVENTS.reserve::<ProcessEvent>(0) {
         Some(mut entry) => {
             entry.write(ProcessEvent {
@@ -69,36 +68,4 @@ fn announce(kind: ProcessEventKind, tgid: u32, instance: u32) {
             bump(Counter::ProcessEventsLost);
         }
     }
-}
-
-/// After exec the process has new mappings: forget its instance so the next
-/// sample announces a new one and the daemon reads the new mappings.
-#[raw_tracepoint(tracepoint = "sched_process_exec")]
-pub fn on_exec(_ctx: RawTracePointContext) -> i32 {
-    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    let _ = PROCESSES.remove(&tgid);
-    let _ = UNWIND_PROCESSES.remove(&tgid);
-    python::forget(tgid);
-    0
-}
-
-/// When a thread exits, its off-CPU record goes (a later thread may get its
-/// tid). When a sampled process's main thread exits, tell the daemon (so it can drop
-/// the mappings once the last samples are drained) and free the tgid.
-#[raw_tracepoint(tracepoint = "sched_process_exit")]
-pub fn on_exit(_ctx: RawTracePointContext) -> i32 {
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let tgid = (pid_tgid >> 32) as u32;
-    off_cpu::thread_exited(pid_tgid as u32);
-    if pid_tgid as u32 != tgid {
-        return 0;
-    }
-    let _ = UNWIND_PROCESSES.remove(&tgid);
-    python::forget(tgid);
-    // SAFETY: the value is only read.
-    if let Some(instance) = unsafe { PROCESSES.get(&tgid) }.copied() {
-        let _ = PROCESSES.remove(&tgid);
-        announce(ProcessEventKind::Exited, tgid, instance);
-    }
-    0
 }

@@ -4,13 +4,14 @@
 //! into [`RawBatch`]es (with the off-CPU waits still going on, see `off_cpu`); [`ProcessWatcher`] snapshots the memory mappings of
 //! every process the sampler announces, while the process still exists;
 //! [`unwind_tables::TableManager`] loads the CFI tables the sampler's own
-//! user-stack walk reads.
+//! user-stack walk reads. [`metrics`] registers what they count.
 
 mod batch;
 mod btf;
 mod clock;
 mod drain;
 mod mapped_file;
+pub mod metrics;
 mod off_cpu;
 mod proc_maps;
 mod process_snapshot;
@@ -24,6 +25,7 @@ pub use drain::Drainer;
 pub use mapped_file::{
     DEFAULT_MAX_OPEN_FILES, FileKey, FileVersion, MappedFile, OpenFileStats, OpenFiles, Refusal,
 };
+pub use metrics::{DrainStatus, MapEntries};
 pub use proc_maps::{MapsLine, parse_maps_line};
 pub use process_snapshot::{MAX_FILES_PER_PROCESS, ProcessSnapshot, SnapshotMapping, SnapshotReader};
 pub use raw::{BpfCounters, RawBatch, RawSample};

@@ -14,6 +14,7 @@ mod backend;
 mod client;
 mod cutter;
 pub mod flags;
+mod metrics;
 pub mod proto;
 mod request;
 pub mod sender;
@@ -30,7 +31,7 @@ pub use request::{CommonLabels, encode};
 pub use settings::{Backend, PushSettings, Target};
 pub use stats::{TargetSnapshot, TargetStats};
 
-use crate::{pipeline::Pipeline, supervise::StageReporter};
+use crate::{pipeline::Pipeline, supervise::StageReporter, telemetry::Telemetry};
 use cutter::Cutter;
 use spool::Spool;
 
@@ -63,9 +64,8 @@ pub enum PushError {
     },
 }
 
-/// The running push: its cutter and senders, and their counters.
+/// The running push: its cutter and senders.
 pub struct Pusher {
-    stats: Vec<Arc<TargetStats>>,
     stop: watch::Sender<bool>,
     cutter: tokio::sync::oneshot::Receiver<()>,
     /// Each resolves when its sender ended.
@@ -74,11 +74,13 @@ pub struct Pusher {
 
 impl Pusher {
     /// Starts pushing per `settings`; nothing runs without targets. Every
-    /// task's end goes to `stages` (stage `push`).
+    /// task's end goes to `stages` (stage `push`); the targets' counters
+    /// are registered into `telemetry`.
     pub fn start(
         settings: &PushSettings,
         pipeline: Arc<Pipeline>,
         stages: &StageReporter,
+        telemetry: &mut Telemetry,
     ) -> Result<Option<Self>, PushError> {
         if settings.targets.is_empty() {
             return Ok(None);
@@ -134,6 +136,7 @@ impl Pusher {
             stats.push(target_stats);
             tracing::info!("pushing to {} every {:?}", target.name(), settings.interval);
         }
+        metrics::register(telemetry, stats);
         let (stop, stopped) = watch::channel(false);
         let cutter_task = Cutter {
             pipeline,
@@ -149,15 +152,10 @@ impl Pusher {
         let (done, cutter) = tokio::sync::oneshot::channel();
         stages.watch_task("push", tokio::spawn(cutter_task.run(stopped, done)));
         Ok(Some(Self {
-            stats,
             stop,
             cutter,
             senders,
         }))
-    }
-
-    pub fn stats(&self) -> &[Arc<TargetStats>] {
-        &self.stats
     }
 
     /// Cuts a last window (after a last drain) and gives the senders

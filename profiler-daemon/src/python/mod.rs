@@ -12,6 +12,7 @@
 //! - [`reader`]: reads of a process's memory that never hold the caller
 //!   past a deadline (a page-in may block forever).
 //! - [`names`]: the cache of code objects read, per process instance.
+//! - [`metrics`]: what the above count, for /metrics.
 //!
 //! [`PythonProcess`]: profiler_common::python::PythonProcess
 
@@ -20,6 +21,7 @@ pub mod detect;
 pub mod layout;
 pub mod lines;
 pub mod memory;
+pub mod metrics;
 pub mod names;
 pub mod prefetch;
 pub mod reader;

@@ -50,7 +50,7 @@ use self::{
     scrape::{ScrapeLimits, Scrapes},
     tls::Tls,
 };
-use crate::{kind::ProfileType, pipeline::Pipeline};
+use crate::{kind::ProfileType, pipeline::Pipeline, telemetry::Telemetry};
 
 /// What every handler shares. Cloned per request: it holds handles only.
 #[derive(Clone)]
@@ -62,45 +62,50 @@ pub struct ServeState {
     access: AccessPolicy,
     tls: Option<Arc<Tls>>,
     scrapes: Arc<Scrapes>,
-    /// One per push target.
-    push: Vec<Arc<crate::push::TargetStats>>,
+    /// Every stage's metrics and serve's own, for `/metrics`.
+    telemetry: Arc<Telemetry>,
     /// Becomes true when the server starts shutting down, so that blocking
     /// profile requests return early instead of holding up the exit.
     stopping: watch::Receiver<bool>,
 }
 
 impl ServeState {
-    /// `retention` bounds the `seconds` a request may ask for.
+    /// `retention` bounds the `seconds` a request may ask for; `tls` (a
+    /// TCP listener only) serves over TLS. Serve's own metrics join the
+    /// stages' in `telemetry`, which `/metrics` encodes.
     pub fn new(
         pipeline: Arc<Pipeline>,
         retention: Duration,
         limits: ConnectionLimits,
         access: AccessPolicy,
         scrape_limits: ScrapeLimits,
+        tls: Option<Arc<Tls>>,
+        mut telemetry: Telemetry,
     ) -> Self {
         let (_, stopping) = watch::channel(false);
+        let http_metrics = metrics::HttpMetrics::default();
+        let connections = Arc::new(ConnectionTable::new(limits));
+        let scrapes = Arc::new(Scrapes::new(scrape_limits));
+        metrics::register(
+            &mut telemetry,
+            &http_metrics,
+            metrics::ServeFigures {
+                connections: connections.clone(),
+                tls: tls.clone(),
+                scrapes: scrapes.clone(),
+            },
+        );
         Self {
             pipeline,
             max_seconds: retention.as_secs().max(1),
-            http_metrics: metrics::HttpMetrics::default(),
-            connections: Arc::new(ConnectionTable::new(limits)),
+            http_metrics,
+            connections,
             access,
-            tls: None,
-            scrapes: Arc::new(Scrapes::new(scrape_limits)),
-            push: Vec::new(),
+            tls,
+            scrapes,
+            telemetry: Arc::new(telemetry),
             stopping,
         }
-    }
-
-    /// Serves over TLS (a TCP listener only).
-    pub fn with_tls(mut self, tls: Option<Arc<Tls>>) -> Self {
-        self.tls = tls;
-        self
-    }
-
-    pub fn with_push(mut self, push: Vec<Arc<crate::push::TargetStats>>) -> Self {
-        self.push = push;
-        self
     }
 }
 

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Query, Store, StoreStats, Visible};
+use super::{Query, Store, Visible};
 use crate::profile::Window;
 use crate::{cgroup::Cgroup, kind::ProfileType, profile::Profile, symbolize::SymbolizedSample};
 
@@ -33,9 +33,6 @@ enum Request {
     Cgroups {
         visible: Visible,
         reply: oneshot::Sender<Vec<Arc<Cgroup>>>,
-    },
-    Stats {
-        reply: oneshot::Sender<StoreStats>,
     },
     EntriesIn {
         window: Window,
@@ -81,9 +78,6 @@ pub fn spawn(mut store: Store) -> (StoreHandle, tokio::task::JoinHandle<()>) {
                 }
                 Request::Cgroups { visible, reply } => {
                     let _ = reply.send(store.cgroups(visible));
-                }
-                Request::Stats { reply } => {
-                    let _ = reply.send(store.stats());
                 }
                 Request::EntriesIn {
                     window,
@@ -150,10 +144,6 @@ impl StoreHandle {
             reply,
         })
         .await
-    }
-
-    pub async fn stats(&self) -> Result<StoreStats, StoreClosed> {
-        self.ask(|reply| Request::Stats { reply }).await
     }
 
     async fn ask<T>(&self, request: impl FnOnce(oneshot::Sender<T>) -> Request) -> Result<T, StoreClosed> {

@@ -12,6 +12,7 @@
 //! bound: first those of whoever is over their share of it (see [`room`]).
 
 mod actor;
+pub mod metrics;
 mod query;
 mod room;
 mod stacks;
@@ -133,6 +134,8 @@ pub struct Store {
     /// Bytes charged to each owner: its entries and the stacks it brought in.
     owner_bytes: HashMap<Owner, usize>,
     stats: StoreStats,
+    /// `stats` as /metrics reads them, published at every change.
+    shared: Arc<metrics::SharedStats>,
 }
 
 impl Store {
@@ -146,6 +149,7 @@ impl Store {
             shares: Shares::new(config.max_bytes as u64, config.user_share_percent),
             owner_bytes: HashMap::new(),
             stats: StoreStats::default(),
+            shared: Arc::default(),
         }
     }
 
@@ -371,6 +375,11 @@ impl Store {
         self.stats.clone()
     }
 
+    /// The figures this store publishes for /metrics (see [`metrics`]).
+    pub fn shared_stats(&self) -> Arc<metrics::SharedStats> {
+        self.shared.clone()
+    }
+
     fn bytes(&self) -> usize {
         self.entry_count * ENTRY_BYTES + self.buckets.len() * BUCKET_BYTES + self.stacks.bytes()
     }
@@ -379,6 +388,7 @@ impl Store {
         self.stats.bytes = self.bytes();
         self.stats.buckets = self.buckets.len();
         self.stats.stacks = self.stacks.len();
+        self.shared.publish(&self.stats);
     }
 }
 

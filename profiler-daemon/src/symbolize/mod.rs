@@ -5,6 +5,7 @@
 //! users control, are parsed in a separate, unprivileged [`worker`] process.
 
 mod demangle;
+pub mod metrics;
 mod processes;
 mod python_frames;
 mod resolver;
@@ -14,6 +15,7 @@ pub mod worker;
 
 use std::{collections::HashMap, sync::Arc};
 
+pub use metrics::SymbolizeStatus;
 pub use processes::ProcessStats;
 pub use resolver::ResolverStats;
 pub use stack::{FrameKind, Function, Line, Location, Mapping, SymbolizedSample, SymbolizedStack};

@@ -14,6 +14,7 @@
 
 mod charges;
 mod loading;
+pub mod metrics;
 mod placement;
 mod process_entry;
 mod python_entry;

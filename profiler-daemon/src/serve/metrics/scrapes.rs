@@ -5,8 +5,8 @@ use std::fmt;
 
 use prometheus_client::encoding::DescriptorEncoder;
 
-use super::{gauge, labelled_counters};
 use crate::serve::scrape::{ScrapeStats, admission::Refusal};
+use crate::telemetry::{gauge, labelled_counters};
 
 pub fn encode(out: &mut DescriptorEncoder, stats: &ScrapeStats) -> fmt::Result {
     labelled_counters(

@@ -4,8 +4,8 @@ use std::fmt;
 
 use prometheus_client::encoding::DescriptorEncoder;
 
-use super::labelled_counters;
 use crate::serve::tls::TlsSnapshot;
+use crate::telemetry::labelled_counters;
 
 pub fn encode(out: &mut DescriptorEncoder, tls: &TlsSnapshot) -> fmt::Result {
     labelled_counters(

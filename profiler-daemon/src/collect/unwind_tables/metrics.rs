@@ -7,15 +7,15 @@ use std::{fmt, sync::atomic::Ordering::Relaxed};
 use profiler_common::Counter as BpfCounter;
 use prometheus_client::encoding::DescriptorEncoder;
 
-use super::{counter, float_counter, gauge, labelled_counters, shares::encode_losses};
-use crate::collect::{
-    BpfCounters,
-    unwind_tables::{LOSS_REASONS, UnwindStats},
+use super::{LOSS_REASONS, UnwindStats};
+use crate::{
+    collect::BpfCounters,
+    telemetry::{counter, float_counter, gauge, labelled_counters, losses},
 };
 
 /// The table manager's numbers at scrape time.
 #[derive(Clone, Debug, Default)]
-pub struct TablesSnapshot {
+struct TablesSnapshot {
     loaded: u64,
     failures: u64,
     evictions: u64,
@@ -33,7 +33,7 @@ pub struct TablesSnapshot {
 }
 
 impl TablesSnapshot {
-    pub fn of(stats: &UnwindStats) -> Self {
+    fn of(stats: &UnwindStats) -> Self {
         Self {
             loaded: stats.tables_loaded.load(Relaxed),
             failures: stats.table_failures.load(Relaxed),
@@ -53,11 +53,7 @@ impl TablesSnapshot {
 }
 
 /// Walk ends always (zero in frame-pointer mode); tables only in auto mode.
-pub fn encode(
-    out: &mut DescriptorEncoder,
-    bpf: &BpfCounters,
-    tables: Option<&TablesSnapshot>,
-) -> fmt::Result {
+pub fn encode(out: &mut DescriptorEncoder, bpf: &BpfCounters, tables: Option<&UnwindStats>) -> fmt::Result {
     let ends = [
         ("complete", BpfCounter::UnwindComplete),
         ("no_mapping", BpfCounter::UnwindNoMapping),
@@ -85,9 +81,10 @@ pub fn encode(
             ("frame_pointer", bpf.get(BpfCounter::UnwindFramePointerFrames)),
         ],
     )?;
-    let Some(tables) = tables else {
+    let Some(stats) = tables else {
         return Ok(());
     };
+    let tables = TablesSnapshot::of(stats);
     counter(
         out,
         "unwind_tables_loaded",
@@ -160,7 +157,7 @@ pub fn encode(
         "Failed writes to the unwind maps",
         tables.map_errors,
     )?;
-    encode_losses(
+    losses(
         out,
         "unwind_table_losses",
         "Unwind tables an owner lost, by uid (\"privileged\": root and unknown owners) and reason: evicted_own (by a \

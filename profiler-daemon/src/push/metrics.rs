@@ -1,16 +1,34 @@
 //! Metrics of pushing, per target (`target="backend URL"`): attempts by
 //! outcome, what was accepted, the queue, and the windows given up.
 
-use std::fmt;
+use std::{fmt, sync::Arc};
 
 use prometheus_client::{
+    collector::Collector,
     encoding::{DescriptorEncoder, EncodeMetric},
     metrics::{MetricType, counter::ConstCounter, gauge::ConstGauge},
 };
 
-use crate::push::TargetSnapshot;
+use super::{TargetSnapshot, TargetStats};
+use crate::telemetry::Telemetry;
 
-pub fn encode(out: &mut DescriptorEncoder, targets: &[TargetSnapshot]) -> fmt::Result {
+/// Registers the targets' collector (one per push; without targets there
+/// is no push, and no push family on /metrics).
+pub fn register(telemetry: &mut Telemetry, targets: Vec<Arc<TargetStats>>) {
+    telemetry.register_collector(PushMetrics(targets));
+}
+
+#[derive(Debug)]
+struct PushMetrics(Vec<Arc<TargetStats>>);
+
+impl Collector for PushMetrics {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
+        let targets: Vec<_> = self.0.iter().map(|target| target.snapshot()).collect();
+        encode(&mut encoder, &targets)
+    }
+}
+
+fn encode(out: &mut DescriptorEncoder, targets: &[TargetSnapshot]) -> fmt::Result {
     if targets.is_empty() {
         return Ok(());
     }

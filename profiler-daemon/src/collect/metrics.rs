@@ -1,0 +1,253 @@
+//! The collect stage's metrics: the sampler's BPF counters, the maps'
+//! occupancy, the drains, the process snapshots, the open-file bound and
+//! the unwind tables ([`super::unwind_tables::metrics`]).
+
+use std::{
+    fmt,
+    sync::{Arc, atomic::Ordering::Relaxed},
+    time::{Duration, Instant},
+};
+
+use profiler_common::Counter as BpfCounter;
+use prometheus_client::{collector::Collector, encoding::DescriptorEncoder};
+
+use super::{
+    BpfCounters, MapSizes, OpenFileStats, Refusal, WatcherStats,
+    unwind_tables::{UnwindStats, metrics as unwinding},
+};
+use crate::telemetry::{
+    Live, Telemetry, counter, float_counter, float_gauge, gauge, labelled_counters, labelled_gauges,
+};
+
+/// What the drain stage has done, published after every drain (in the
+/// pipeline's status: the drain and symbolize threads update it).
+#[derive(Clone, Debug, Default)]
+pub struct DrainStatus {
+    /// BPF counters as of the last drain.
+    pub bpf: BpfCounters,
+    pub drains: u64,
+    pub last_drain: Duration,
+    /// Map entries that could not be read or deleted.
+    pub map_read_errors: u64,
+    /// Off-CPU waits still going on at a drain whose stacks were gone by
+    /// then: counted without their stacks.
+    pub wait_stacks_lost: u64,
+    /// Entries found in the counts, user-stack and kernel-stack maps at the last drain.
+    pub map_entries: MapEntries,
+    pub drain_seconds_total: f64,
+    /// When the maps were last drained (liveness).
+    pub last_drain_at: Option<Instant>,
+}
+
+/// Occupancy of one buffer's maps when it was drained.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MapEntries {
+    pub counts: usize,
+    pub user_stacks: usize,
+    pub kernel_stacks: usize,
+}
+
+/// Where the collect stage's figures are, handed over as the stage is built.
+#[derive(Debug)]
+pub struct CollectFigures {
+    pub drain: Live<DrainStatus>,
+    pub map_sizes: MapSizes,
+    pub watcher: Arc<WatcherStats>,
+    pub open_files: Arc<OpenFileStats>,
+    /// `--unwind auto` only.
+    pub unwind: Option<Arc<UnwindStats>>,
+}
+
+/// Registers the collect stage's collector.
+pub fn register(telemetry: &mut Telemetry, figures: CollectFigures) {
+    telemetry.register_collector(CollectMetrics(figures));
+}
+
+#[derive(Debug)]
+struct CollectMetrics(CollectFigures);
+
+impl Collector for CollectMetrics {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
+        let figures = &self.0;
+        let status = figures.drain.get();
+        let out = &mut encoder;
+        encode_sampler(out, &status.bpf)?;
+        encode_drains(out, &status, figures.map_sizes)?;
+        counter(
+            out,
+            "process_snapshots",
+            "Mappings snapshots taken when processes were first sampled",
+            figures.watcher.snapshots.load(Relaxed),
+        )?;
+        counter(
+            out,
+            "process_snapshot_failures",
+            "Processes gone or unreadable before their mappings could be read",
+            figures.watcher.snapshot_failures.load(Relaxed),
+        )?;
+        let age = status.last_drain_at.map_or(-1.0, |at| at.elapsed().as_secs_f64());
+        float_gauge(
+            out,
+            "last_drain_age_seconds",
+            "Seconds since the BPF maps were last drained (-1: not yet)",
+            age,
+        )?;
+        encode_open_files(out, &figures.open_files)?;
+        unwinding::encode(out, &status.bpf, figures.unwind.as_deref())?;
+        encode_python_walks(out, &status.bpf)
+    }
+}
+
+fn encode_sampler(out: &mut DescriptorEncoder, bpf: &BpfCounters) -> fmt::Result {
+    counter(
+        out,
+        "samples",
+        "Samples taken by the BPF sampler (all CPUs)",
+        bpf.get(BpfCounter::Samples),
+    )?;
+    counter(
+        out,
+        "idle_samples",
+        "Samples of the idle task, not recorded",
+        bpf.get(BpfCounter::Idle),
+    )?;
+    let reasons: Vec<_> = BpfCounter::ALL
+        .iter()
+        .filter(|c| c.is_error())
+        .map(|&c| (c.name(), bpf.get(c)))
+        .collect();
+    labelled_counters(
+        out,
+        "samples_lost",
+        "Samples and off-CPU waits lost or degraded in BPF, by reason (see profiler-common's Counter; off_cpu_* reasons are waits)",
+        "reason",
+        &reasons,
+    )?;
+    let events: Vec<_> = BpfCounter::ALL
+        .iter()
+        .filter(|c| !c.is_error() && !matches!(c, BpfCounter::Samples | BpfCounter::Idle))
+        .map(|&c| (c.name(), bpf.get(c)))
+        .collect();
+    labelled_counters(
+        out,
+        "sampler_events",
+        "Normal sampler events (no data lost): unwinding outcomes, and with --off-cpu the context switches seen (off_cpu_switches), waits not sampled (off_cpu_unsampled), dropped as shorter than the minimum (off_cpu_short) and recorded (off_cpu_waits)",
+        "event",
+        &events,
+    )
+}
+
+fn encode_drains(out: &mut DescriptorEncoder, status: &DrainStatus, sizes: MapSizes) -> fmt::Result {
+    let entries = status.map_entries;
+    labelled_gauges(
+        out,
+        "map_entries",
+        "Entries in a BPF map when its buffer was last drained",
+        "map",
+        &[
+            ("counts", entries.counts as i64),
+            ("user_stacks", entries.user_stacks as i64),
+            ("kernel_stacks", entries.kernel_stacks as i64),
+        ],
+    )?;
+    labelled_gauges(
+        out,
+        "map_capacity",
+        "Capacity of a BPF map (per buffer)",
+        "map",
+        &[
+            ("counts", i64::from(sizes.counts)),
+            ("user_stacks", i64::from(sizes.user_stacks)),
+            ("kernel_stacks", i64::from(sizes.kernel_stacks)),
+        ],
+    )?;
+    counter(out, "drains", "Drains of the BPF maps", status.drains)?;
+    float_counter(
+        out,
+        "drain_seconds",
+        "Time spent draining the BPF maps",
+        status.drain_seconds_total,
+    )?;
+    counter(
+        out,
+        "map_read_errors",
+        "BPF map entries that could not be read or deleted",
+        status.map_read_errors,
+    )?;
+    counter(
+        out,
+        "off_cpu_wait_stacks_lost",
+        "Off-CPU waits still going on at a drain whose stacks were gone: counted without their stacks",
+        status.wait_stacks_lost,
+    )
+}
+
+/// The bound on descriptors held for mapped files (shared by the process
+/// watcher and the symbolizer; the addresses it left unresolved are the
+/// symbolizer's `mapped_files_closed_addresses`).
+fn encode_open_files(out: &mut DescriptorEncoder, files: &OpenFileStats) -> fmt::Result {
+    gauge(
+        out,
+        "mapped_files_open",
+        "Descriptors held for mapped files",
+        files.open.load(Relaxed) as i64,
+    )?;
+    gauge(
+        out,
+        "mapped_files_open_max",
+        "Bound on descriptors held for mapped files",
+        files.max_open.load(Relaxed) as i64,
+    )?;
+    counter(
+        out,
+        "mapped_files_opened",
+        "Mapped files opened",
+        files.opened.load(Relaxed),
+    )?;
+    counter(
+        out,
+        "mapped_files_evicted",
+        "Mapped files closed to stay within the bound (least recently used first)",
+        files.evicted.load(Relaxed),
+    )?;
+    counter(
+        out,
+        "mapped_files_reopened",
+        "Closed files opened again through their still-running process's mapping",
+        files.reopened.load(Relaxed),
+    )?;
+    let refused = Refusal::ALL.map(|reason| (reason.name(), files.refused(reason)));
+    labelled_counters(
+        out,
+        "mapped_files_refused",
+        "Mappings whose file was not opened, by reason",
+        "reason",
+        &refused,
+    )
+}
+
+/// The sampler's walks of CPython threads (the names of their frames are
+/// the symbolizer's, the processes found the `python` module's).
+fn encode_python_walks(out: &mut DescriptorEncoder, bpf: &BpfCounters) -> fmt::Result {
+    let ends = [
+        ("complete", BpfCounter::PythonComplete),
+        ("depth_limit", BpfCounter::PythonDepthLimit),
+        ("read_fault", BpfCounter::PythonReadFault),
+        ("invalid", BpfCounter::PythonInvalid),
+        ("no_thread_state", BpfCounter::PythonNoThreadState),
+    ]
+    .map(|(label, counter)| (label, bpf.get(counter)));
+    labelled_counters(
+        out,
+        "python_walks",
+        "Walks of a CPython thread's frames (stacks that met the eval loop), by how they ended",
+        "end",
+        &ends,
+    )?;
+    counter(
+        out,
+        "python_frames",
+        "Python frames the sampler recorded",
+        bpf.get(BpfCounter::PythonFrames),
+    )
+}
