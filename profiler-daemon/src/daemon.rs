@@ -83,27 +83,18 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         reach = reach.replacen("http://", "https://", 1);
     }
     let retention = Duration::from_secs(args.retention_seconds);
-    let store = StoreConfig {
+    let push = args.push.settings(retention).map_err(DaemonError::PushSettings)?;
+    let options = args.sampling.pipeline_options(StoreConfig {
         retention,
         max_bytes: (args.store_max_mb as usize) << 20,
         user_share_percent: args.store_user_share_percent,
-    };
-    let push = args.push.settings(retention).map_err(DaemonError::PushSettings)?;
-    let options = args.sampling.pipeline_options(store);
+    });
     // No drain for this long is a dead drain stage.
     let stall_limit = (options.drain_interval * STALL_INTERVALS).max(STALL_MIN);
     let mut supervisor = Supervisor::new();
     // Every stage registers its metrics as it is built; serve encodes them.
     let mut telemetry = Telemetry::new();
-    let pipeline = match Pipeline::start(options, &supervisor.reporter(), &mut telemetry) {
-        Ok(pipeline) => Arc::new(pipeline),
-        Err(err @ PipelineError::Collect(_)) => {
-            let errno = os_error(&err).unwrap_or(libc::EPERM as u32);
-            supervise::notify_failure(&format!("cannot load the BPF programs: {}", Chain(&err)), errno);
-            return Err(DaemonError::Load(err));
-        }
-        Err(err) => return Err(err.into()),
-    };
+    let pipeline = start_pipeline(options, &supervisor, &mut telemetry)?;
     let pusher = crate::push::Pusher::start(&push, pipeline.clone(), &supervisor.reporter(), &mut telemetry)
         .map_err(DaemonError::Push)?;
     tracing::info!(listen = %args.listen, "profilerd running: {reach}");
@@ -174,6 +165,31 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     };
     tracing::info!("stopping");
     let deadline = signal_instant(&on_signal).unwrap_or_else(Instant::now) + STOP_BUDGET;
+    stop_within(deadline, pusher, pipeline).await;
+    served.map_err(DaemonError::Serve)
+}
+
+/// Starts the pipeline; a sampler that cannot load is told to systemd with
+/// its errno (the unit does not restart for it).
+fn start_pipeline(
+    options: crate::pipeline::PipelineOptions,
+    supervisor: &Supervisor,
+    telemetry: &mut Telemetry,
+) -> Result<Arc<Pipeline>, DaemonError> {
+    match Pipeline::start(options, &supervisor.reporter(), telemetry) {
+        Ok(pipeline) => Ok(Arc::new(pipeline)),
+        Err(err @ PipelineError::Collect(_)) => {
+            let errno = os_error(&err).unwrap_or(libc::EPERM as u32);
+            supervise::notify_failure(&format!("cannot load the BPF programs: {}", Chain(&err)), errno);
+            Err(DaemonError::Load(err))
+        }
+        Err(err) => Err(err.into()),
+    }
+}
+
+/// Stops pushing (a last window, then what is queued) and the pipeline,
+/// by `deadline` (the signal's instant plus the stop budget).
+async fn stop_within(deadline: Instant, pusher: Option<crate::push::Pusher>, pipeline: Arc<Pipeline>) {
     // Pushing gets part of the budget: the pipeline must stop in the rest.
     let push_deadline = deadline.min(Instant::now() + PUSH_STOP_BUDGET);
     if let Some(pusher) = pusher
@@ -190,7 +206,6 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         // Exiting closes every BPF descriptor: the kernel detaches the programs.
         tracing::warn!("the pipeline did not stop within {STOP_BUDGET:?} of the signal; exiting without it");
     }
-    served.map_err(DaemonError::Serve)
 }
 
 /// A stage that ended: logged, told to systemd, and the daemon's error.

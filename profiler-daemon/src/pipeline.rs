@@ -7,7 +7,7 @@ use std::{
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
-        mpsc::{self, RecvTimeoutError},
+        mpsc,
     },
     thread::JoinHandle,
     time::{Duration, Instant},
@@ -17,25 +17,26 @@ use tokio::sync::{oneshot, watch};
 
 use crate::python::{
     self,
-    detect::{Detected, DetectionStats},
-    prefetch::{PrefetchStats, Prefetcher, PythonNews},
+    detect::DetectionStats,
+    prefetch::{PrefetchStats, PythonNews},
 };
 use crate::{
     collect::{
-        self, CollectError, DrainStatus, Drainer, MapEntries, MapSizes, OpenFileStats, OpenFiles,
-        ProcessNotice, ProcessWatcher, RawBatch, Sampler, SamplerOptions, SnapshotReader, WatcherStats,
-        metrics::CollectFigures,
-        unwind_tables::{SampledStacks, TableManager, UnwindInput, UnwindStats},
+        self, CollectError, DrainStatus, MapSizes, OpenFileStats, OpenFiles, ProcessNotice, ProcessWatcher,
+        RawBatch, Sampler, SamplerOptions, SnapshotReader, WatcherStats, metrics::CollectFigures,
+        unwind_tables::UnwindStats,
     },
     store::{self, Store, StoreConfig, StoreHandle},
-    supervise::{self, StageReporter},
-    symbolize::{
-        self, SymbolizeStatus, Symbolizer,
-        worker::{WorkerClient, WorkerConfig},
-    },
+    supervise::StageReporter,
+    symbolize::{self, SymbolizeStatus, Symbolizer, worker::WorkerConfig},
     telemetry::{Live, Telemetry},
 };
-use crate::{error::Chain, kind::KindSet, procfs::ProcRoot};
+use crate::{kind::KindSet, procfs::ProcRoot};
+
+mod threads;
+mod unwinding;
+use threads::{drain_loop, symbolize_loop, watch_processes};
+use unwinding::{Unwinding, start_unwinding};
 
 /// A batch that waited longer than this for the symbolizer is logged: the
 /// profiles being served are that stale.
@@ -161,70 +162,19 @@ impl Pipeline {
         let spawn = |name: &'static str, body: Box<dyn FnOnce() + Send>| {
             stages.spawn_thread(name, body).map_err(PipelineError::Thread)
         };
-        let mut unwind_stats = None;
-        let mut python_stats = None;
-        // News of Python processes for the symbolizer (a channel of its own,
-        // not its inputs: the symbolizer holds the table manager's input, and
-        // each holding the other's would keep both alive at shutdown).
-        // Bounded: a lagging symbolizer loses code objects read ahead (it
-        // reads them itself later); a found process is always told.
+        // News of Python processes for the symbolizer (see start_unwinding).
         let (news_tx, news_rx) = mpsc::sync_channel::<PythonNews>(16384);
-        let mut prefetch_stats = None;
-        let unwind_tx = match unwind_maps {
-            Some(mut maps) => {
-                let (found_tx, found_rx) = mpsc::channel::<Detected>();
-                let prefetch = maps.python_codes.take().map(|ring| {
-                    let prefetcher = Prefetcher::new(ring, found_rx, news_tx.clone());
-                    prefetch_stats = Some(prefetcher.stats());
-                    prefetcher
-                });
-                if let Some(prefetcher) = prefetch {
-                    let stop = stop.clone();
-                    threads.push(spawn("python-codes", Box::new(move || prefetcher.run(&stop)))?);
-                }
-                let news_tx = news_tx.clone();
-                let worker = WorkerConfig::this_binary(
-                    options.symbolizer.worker_memory_bytes,
-                    options.symbolizer.worker_deadline,
-                );
-                let manager = TableManager::new(
-                    maps,
-                    WorkerClient::new(worker),
-                    options.sampler.unwind_table_user_share_percent,
-                )
-                .on_python(move |detected: Detected| {
-                    let _ = found_tx.send(detected.clone());
-                    let _ = news_tx.send(PythonNews::Found(detected));
-                });
-                python_stats = Some(manager.python_stats());
-                unwind_stats = Some(manager.stats());
-                // Bounded, and never waited on: a full queue drops (and
-                // counts) the input; those processes walk with frame pointers.
-                let (tx, rx) = mpsc::sync_channel::<UnwindInput>(4096);
-                threads.push(spawn("unwind-tables", Box::new(move || manager.run(rx)))?);
-                Some(tx)
-            }
-            None => None,
+        let unwinding = match unwind_maps {
+            Some(maps) => start_unwinding(maps, &options, &news_tx, &stop, &spawn, &mut threads)?,
+            None => Unwinding::default(),
         };
+        let (unwind_tx, unwind_stats) = (unwinding.tx.clone(), unwinding.stats.clone());
         {
-            let tx = symbolize_tx.clone();
-            let stop = stop.clone();
-            let unwind_tx = unwind_tx.clone();
-            let unwind_stats = unwind_stats.clone();
+            let (tx, stop) = (symbolize_tx.clone(), stop.clone());
+            let unwind = unwind_tx.clone().zip(unwind_stats.clone());
             threads.push(spawn(
                 "watch-procs",
-                Box::new(move || {
-                    watcher.run(&stop, |notice| {
-                        if let (Some(unwind_tx), Some(stats)) = (&unwind_tx, &unwind_stats) {
-                            let input = match &notice {
-                                ProcessNotice::Started(snapshot) => UnwindInput::Started(snapshot.clone()),
-                                ProcessNotice::Exited { pid, .. } => UnwindInput::Exited { pid: *pid },
-                            };
-                            offer(unwind_tx, input, stats);
-                        }
-                        tx.send(SymbolizeInput::Notice(notice)).is_ok()
-                    })
-                }),
+                Box::new(move || watch_processes(watcher, &stop, &tx, unwind.as_ref())),
             )?);
         }
         {
@@ -246,20 +196,13 @@ impl Pipeline {
                 }),
             )?);
         }
-        let interval = options.drain_interval;
-        let unwind = unwind_tx.zip(unwind_stats.clone());
+        let (interval, unwind) = (options.drain_interval, unwind_tx.zip(unwind_stats));
+        let drain = (sampler, drainer, drain_rx, symbolize_tx);
         threads.push(spawn(
             "drain",
             Box::new(move || {
-                drain_loop(
-                    sampler,
-                    drainer,
-                    interval,
-                    drain_rx,
-                    symbolize_tx,
-                    unwind,
-                    &status_tx,
-                );
+                let (sampler, drainer, commands, out) = drain;
+                drain_loop(sampler, drainer, interval, commands, out, unwind, &status_tx);
                 stop.store(true, Ordering::Relaxed);
             }),
         )?);
@@ -267,9 +210,9 @@ impl Pipeline {
             map_sizes: options.sampler.map_sizes,
             watcher: watcher_stats,
             open_files,
-            unwind: unwind_stats,
-            python: python_stats,
-            prefetch: prefetch_stats,
+            unwind: unwinding.stats,
+            python: unwinding.python,
+            prefetch: unwinding.prefetch,
             store: store_stats,
         }
         .register(telemetry, &status);
@@ -383,158 +326,5 @@ impl StageFigures {
         );
         python::metrics::register(telemetry, self.python, self.prefetch);
         store::metrics::register(telemetry, self.store);
-    }
-}
-
-fn drain_loop(
-    mut sampler: Sampler,
-    mut drainer: Drainer,
-    interval: Duration,
-    commands: mpsc::Receiver<DrainCommand>,
-    out: mpsc::SyncSender<SymbolizeInput>,
-    unwind: Option<(mpsc::SyncSender<UnwindInput>, Arc<UnwindStats>)>,
-    status: &watch::Sender<PipelineStatus>,
-) {
-    let mut next = Instant::now() + interval;
-    loop {
-        supervise::fault_point("drain");
-        let mut acks = Vec::new();
-        let mut stop = false;
-        match commands.recv_timeout(next.saturating_duration_since(Instant::now())) {
-            Ok(DrainCommand::Now(ack)) => {
-                acks.push(ack);
-                // Requests that queued meanwhile share this drain.
-                while let Ok(command) = commands.try_recv() {
-                    match command {
-                        DrainCommand::Now(ack) => acks.push(ack),
-                        DrainCommand::Stop => stop = true,
-                    }
-                }
-            }
-            Ok(DrainCommand::Stop) | Err(RecvTimeoutError::Disconnected) => stop = true,
-            Err(RecvTimeoutError::Timeout) => next += interval,
-        }
-        if Instant::now() > next {
-            // Fell behind (e.g. suspended): skip missed ticks rather than burst.
-            next = Instant::now() + interval;
-        }
-        let started = Instant::now();
-        match drainer.drain() {
-            Ok(batch) => {
-                // Published here, not after symbolization: losses show in
-                // /metrics even while the symbolizer lags.
-                let drained_at = Instant::now();
-                status.send_modify(|status| {
-                    status.drain.bpf = batch.counters;
-                    status.drain.last_drain_at = Some(drained_at);
-                });
-                if let Some((unwind_tx, stats)) = &unwind {
-                    let sampled = SampledStacks {
-                        samples: batch
-                            .samples
-                            .iter()
-                            .map(|sample| (sample.key.tgid, sample.count, sample.key.user_stack_id))
-                            .collect(),
-                        stacks: batch.user_stacks.clone(),
-                    };
-                    offer(unwind_tx, UnwindInput::Sampled(sampled), stats);
-                }
-                let input = SymbolizeInput::Batch {
-                    batch: Box::new(batch),
-                    time_ms: crate::unix_now_ms(),
-                    drained_at,
-                    drain_time: started.elapsed(),
-                    acks,
-                };
-                if out.send(input).is_err() {
-                    return;
-                }
-            }
-            Err(err) => tracing::error!("drain failed: {}", Chain(&err)),
-        }
-        sampler.flush_logs();
-        if stop {
-            // Dropping the sampler detaches every program.
-            drop(sampler);
-            return;
-        }
-    }
-}
-
-/// Sends without waiting; a full queue drops the input and counts it.
-fn offer(tx: &mpsc::SyncSender<UnwindInput>, input: UnwindInput, stats: &UnwindStats) {
-    if let Err(mpsc::TrySendError::Full(_)) = tx.try_send(input) {
-        stats.inputs_dropped.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-fn symbolize_loop(
-    mut symbolizer: Symbolizer,
-    inputs: mpsc::Receiver<SymbolizeInput>,
-    store: StoreHandle,
-    status: &watch::Sender<PipelineStatus>,
-    only_pids: Vec<u32>,
-    unwind: Option<(mpsc::SyncSender<UnwindInput>, Arc<UnwindStats>)>,
-) {
-    let mut warned_at: Option<Instant> = None;
-    for input in inputs {
-        supervise::fault_point("symbolize");
-        match input {
-            SymbolizeInput::Notice(notice) => symbolizer.notice(notice),
-            SymbolizeInput::Batch {
-                batch,
-                time_ms,
-                drained_at,
-                drain_time,
-                acks,
-            } => {
-                let started = Instant::now();
-                let lag = started.duration_since(drained_at);
-                if lag > LAG_WARNING && warned_at.is_none_or(|at| at.elapsed() > Duration::from_secs(60)) {
-                    warned_at = Some(started);
-                    tracing::warn!("symbolization lags the sampler by {lag:?}: profiles are that stale");
-                }
-                let mut batch = batch;
-                // Occupancy of the maps as drained, before any filtering.
-                let map_entries = MapEntries {
-                    counts: batch.samples.len().saturating_sub(batch.spilled),
-                    user_stacks: batch.user_stacks.len(),
-                    kernel_stacks: batch.kernel_stacks.len(),
-                };
-                if !only_pids.is_empty() {
-                    batch
-                        .samples
-                        .retain(|sample| only_pids.contains(&sample.key.tgid));
-                }
-                let samples = symbolizer.symbolize(&batch);
-                // A library mapped after the first snapshot (dlopen) needs
-                // its table too.
-                for snapshot in symbolizer.take_fresh_snapshots() {
-                    if let Some((tx, stats)) = &unwind {
-                        offer(tx, UnwindInput::Started(snapshot), stats);
-                    }
-                }
-                let symbolize_time = started.elapsed();
-                status.send_modify(|status| {
-                    let (drain, symbolize) = (&mut status.drain, &mut status.symbolize);
-                    symbolize.stats = symbolizer.stats();
-                    symbolize.last_symbolized_at = Some(Instant::now());
-                    symbolize.last_symbolize = symbolize_time;
-                    symbolize.symbolize_seconds_total += symbolize_time.as_secs_f64();
-                    // Counted once symbolized, with what the batch held.
-                    drain.drains += 1;
-                    drain.last_drain = drain_time;
-                    drain.map_read_errors += batch.read_errors;
-                    drain.wait_stacks_lost += batch.wait_stacks_lost;
-                    drain.map_entries = map_entries;
-                    drain.drain_seconds_total += drain_time.as_secs_f64();
-                });
-                if store.blocking_ingest(time_ms, samples, acks).is_err() {
-                    return;
-                }
-                let began = drained_at.checked_sub(drain_time).unwrap_or(drained_at);
-                status.send_modify(|status| status.last_stored = Some(StoredDrain { began, time_ms }));
-            }
-        }
     }
 }

@@ -153,38 +153,7 @@ impl Connection {
             let mut router = router.clone();
             let (identity, policy) = (identity.clone(), policy.clone());
             async move {
-                match policy.bearer(request.headers()) {
-                    Bearer::Valid => {
-                        request.extensions_mut().insert(Caller::token_holder());
-                    }
-                    Bearer::Invalid => {
-                        request
-                            .extensions_mut()
-                            .insert(Unauthorized("the bearer token is not this daemon's"));
-                    }
-                    Bearer::Absent if certified => {
-                        request.extensions_mut().insert(Caller::token_holder());
-                    }
-                    Bearer::Absent => {
-                        let needs_token = policy.has_token();
-                        let caller = identity
-                            .get_or_init(|| async move {
-                                tokio::task::spawn_blocking(move || policy.identify(peer))
-                                    .await
-                                    .unwrap_or_else(|_| Caller::unknown("identifying the user failed"))
-                            })
-                            .await
-                            .clone();
-                        // With a token configured, a caller the kernel cannot
-                        // name (another machine) is asked for it.
-                        if needs_token && !caller.is_known() {
-                            request.extensions_mut().insert(Unauthorized(
-                                "a bearer token is needed (Authorization: Bearer TOKEN)",
-                            ));
-                        }
-                        request.extensions_mut().insert(caller);
-                    }
-                }
+                mark_caller(&mut request, policy, &identity, peer, certified).await;
                 let response = router.call(request).await?;
                 Ok::<_, Infallible>(response.map(|body| Body::new(GuardedBody { body, _guard: guard })))
             }
@@ -298,5 +267,50 @@ impl AcceptErrors {
         }
         let doublings = self.consecutive.saturating_sub(1).min(10);
         (FIRST_PAUSE * 2u32.pow(doublings)).min(MAX_PAUSE)
+    }
+}
+
+/// Marks `request` with who makes it: a token holder (a valid bearer
+/// token, or a verified client certificate), else the user the kernel names
+/// for the connection (looked up once, at its first request), or why it is
+/// refused.
+async fn mark_caller(
+    request: &mut Request,
+    policy: AccessPolicy,
+    identity: &tokio::sync::OnceCell<Caller>,
+    peer: Peer,
+    certified: bool,
+) {
+    match policy.bearer(request.headers()) {
+        Bearer::Valid => {
+            request.extensions_mut().insert(Caller::token_holder());
+        }
+        Bearer::Invalid => {
+            request
+                .extensions_mut()
+                .insert(Unauthorized("the bearer token is not this daemon's"));
+        }
+        Bearer::Absent if certified => {
+            request.extensions_mut().insert(Caller::token_holder());
+        }
+        Bearer::Absent => {
+            let needs_token = policy.has_token();
+            let caller = identity
+                .get_or_init(|| async move {
+                    tokio::task::spawn_blocking(move || policy.identify(peer))
+                        .await
+                        .unwrap_or_else(|_| Caller::unknown("identifying the user failed"))
+                })
+                .await
+                .clone();
+            // With a token configured, a caller the kernel cannot name
+            // (another machine) is asked for it.
+            if needs_token && !caller.is_known() {
+                request.extensions_mut().insert(Unauthorized(
+                    "a bearer token is needed (Authorization: Bearer TOKEN)",
+                ));
+            }
+            request.extensions_mut().insert(caller);
+        }
     }
 }

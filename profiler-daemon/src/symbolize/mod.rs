@@ -119,14 +119,9 @@ impl Symbolizer {
         }
     }
 
-    /// Symbolizes one drained batch. Samples without a stack keep an empty one.
-    pub fn symbolize(&mut self, batch: &RawBatch) -> Vec<SymbolizedSample> {
-        if let Some(news) = &self.python_news {
-            while let Ok(news) = news.try_recv() {
-                self.python.news(news);
-            }
-        }
-        // Pass 1: find every address not yet cached and resolve them a file at a time.
+    /// Pass 1 of [`Symbolizer::symbolize`]: finds every address of the
+    /// batch not yet cached and resolves them a file at a time.
+    fn resolve_addresses(&mut self, batch: &RawBatch) {
         let mut stale = Vec::new();
         for sample in &batch.samples {
             if !self.want_stack(sample.key, batch) {
@@ -157,6 +152,16 @@ impl Symbolizer {
                 self.cgroups.learn(*id, path);
             }
         }
+    }
+
+    /// Symbolizes one drained batch. Samples without a stack keep an empty one.
+    pub fn symbolize(&mut self, batch: &RawBatch) -> Vec<SymbolizedSample> {
+        if let Some(news) = &self.python_news {
+            while let Ok(news) = news.try_recv() {
+                self.python.news(news);
+            }
+        }
+        self.resolve_addresses(batch);
         let cgroups = self.cgroups.resolve(
             batch
                 .samples

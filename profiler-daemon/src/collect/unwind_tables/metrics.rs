@@ -81,10 +81,14 @@ pub fn encode(out: &mut DescriptorEncoder, bpf: &BpfCounters, tables: Option<&Un
             ("frame_pointer", bpf.get(BpfCounter::UnwindFramePointerFrames)),
         ],
     )?;
-    let Some(stats) = tables else {
-        return Ok(());
-    };
-    let tables = TablesSnapshot::of(stats);
+    match tables {
+        Some(stats) => encode_tables(out, &TablesSnapshot::of(stats)),
+        None => Ok(()),
+    }
+}
+
+/// The table manager's own figures (auto mode only).
+fn encode_tables(out: &mut DescriptorEncoder, tables: &TablesSnapshot) -> fmt::Result {
     counter(
         out,
         "unwind_tables_loaded",
