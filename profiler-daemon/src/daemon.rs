@@ -6,6 +6,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use nix::sys::resource::{Resource, getrlimit, setrlimit};
 use tokio::sync::watch;
 
 use crate::error::Chain;
@@ -95,7 +96,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     let pipeline = match Pipeline::start(options, &supervisor.reporter()) {
         Ok(pipeline) => Arc::new(pipeline),
         Err(err @ PipelineError::Collect(_)) => {
-            let errno = os_error(&err).unwrap_or(libc::EPERM as u32);
+            let errno = os_error(&err).unwrap_or(nix::errno::Errno::EPERM as u32);
             supervise::notify_failure(&format!("cannot load the BPF programs: {}", Chain(&err)), errno);
             return Err(DaemonError::Load(err));
         }
@@ -277,40 +278,31 @@ const FD_RESERVE: u64 = 1024;
 /// limit is 1024), so that the daemon's own bounds, not the descriptor
 /// limit, are what an attacker runs into.
 fn raise_fd_limit(max_connections: usize) {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes one rlimit into the struct we own.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
-        tracing::warn!(
-            "reading the descriptor limit failed: {}",
-            std::io::Error::last_os_error()
-        );
-        return;
-    }
-    let soft = limit.rlim_cur;
-    if soft < limit.rlim_max {
-        limit.rlim_cur = limit.rlim_max;
-        // SAFETY: setrlimit reads the struct we own; raising the soft limit
-        // up to the hard one needs no privilege.
-        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) } != 0 {
+    let (soft, hard) = match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok(limits) => limits,
+        Err(err) => {
             tracing::warn!(
-                "raising the descriptor limit from {soft} failed: {}",
-                std::io::Error::last_os_error()
+                "reading the descriptor limit failed: {}",
+                std::io::Error::from(err)
             );
-            limit.rlim_cur = soft;
+            return;
+        }
+    };
+    let mut current = soft;
+    // Raising the soft limit up to the hard one needs no privilege.
+    if soft < hard {
+        match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => current = hard,
+            Err(err) => tracing::warn!(
+                "raising the descriptor limit from {soft} failed: {}",
+                std::io::Error::from(err)
+            ),
         }
     }
-    tracing::info!(
-        from = soft,
-        "descriptor limit (RLIMIT_NOFILE): {}",
-        limit.rlim_cur
-    );
-    if limit.rlim_cur < max_connections as u64 + FD_RESERVE {
+    tracing::info!(from = soft, "descriptor limit (RLIMIT_NOFILE): {current}");
+    if current < max_connections as u64 + FD_RESERVE {
         tracing::warn!(
-            "the descriptor limit {} leaves little room beyond http_max_connections = {max_connections}",
-            limit.rlim_cur
+            "the descriptor limit {current} leaves little room beyond http_max_connections = {max_connections}"
         );
     }
 }

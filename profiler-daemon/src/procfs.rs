@@ -99,12 +99,8 @@ pub fn check(path: &Path) -> Result<(), String> {
 
 /// The file system type (`statfs(2)`'s `f_type`) that `path` is on.
 pub fn filesystem_type(path: &Path) -> Option<i64> {
-    let path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
-    // SAFETY: statfs is plain data; zeroed is a valid value.
-    let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: a NUL-terminated path and a valid out-pointer.
-    let result = unsafe { libc::statfs(path.as_ptr(), &mut stat) };
-    (result == 0).then_some(stat.f_type as i64)
+    let stat = nix::sys::statfs::statfs(path).ok()?;
+    Some(stat.filesystem_type().0 as i64)
 }
 
 #[cfg(test)]

@@ -380,13 +380,17 @@ fn version_of(meta: &std::fs::Metadata) -> FileVersion {
 
 /// The file's size and mtime now, through the held descriptor.
 fn current_version(file: &MappedFile) -> Option<FileVersion> {
-    use std::os::fd::{AsRawFd, FromRawFd};
     let held = file.fd.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    let fd = held.as_ref()?.as_raw_fd();
-    // SAFETY: the descriptor stays open while `held` locks it, and
-    // ManuallyDrop keeps this temporary File from closing it.
-    let borrowed = std::mem::ManuallyDrop::new(unsafe { File::from_raw_fd(fd) });
-    borrowed.metadata().ok().map(|meta| version_of(&meta))
+    // fstat(2) on the borrowed descriptor: the same fields `version_of`
+    // reads from a File's Metadata.
+    let stat = nix::sys::stat::fstat(held.as_ref()?).ok()?;
+    Some(FileVersion {
+        size: stat.st_size as u64,
+        mtime_ns: stat
+            .st_mtime
+            .saturating_mul(1_000_000_000)
+            .saturating_add(stat.st_mtime_nsec),
+    })
 }
 
 #[cfg(test)]

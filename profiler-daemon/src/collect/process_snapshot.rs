@@ -182,8 +182,7 @@ mod tests {
             "expected an executable mapping of {exe:?} in {:?}",
             snapshot.mappings
         );
-        // SAFETY: getuid has no preconditions and cannot fail.
-        let uid = unsafe { libc::getuid() };
+        let uid = nix::unistd::getuid().as_raw();
         assert_eq!(snapshot.readable_by, ReadableBy::User(uid), "our own process");
         assert_eq!(
             snapshot.ns_pid, None,

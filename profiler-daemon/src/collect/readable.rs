@@ -279,8 +279,7 @@ mod tests {
     #[test]
     fn this_process_is_readable_by_its_user() {
         // The tests run as root (the daemon's own kind of process).
-        // SAFETY: getuid has no preconditions and cannot fail.
-        let uid = unsafe { libc::getuid() };
+        let uid = nix::unistd::getuid().as_raw();
         assert_eq!(
             readable_by(&ProcRoot::default(), std::process::id()),
             ReadableBy::User(uid)

@@ -3,7 +3,7 @@
 
 use std::{
     collections::VecDeque,
-    os::fd::AsRawFd,
+    os::fd::AsFd,
     sync::{
         Arc,
         atomic::{AtomicBool, AtomicU64, Ordering},
@@ -12,6 +12,10 @@ use std::{
 };
 
 use aya::maps::{MapData, RingBuf};
+use nix::{
+    errno::Errno,
+    poll::{PollFd, PollFlags, poll},
+};
 use profiler_common::{ProcessEvent, ProcessEventKind};
 
 use super::{ProcessSnapshot, process_snapshot::SnapshotReader};
@@ -58,25 +62,19 @@ impl ProcessWatcher {
 
     /// Runs until `stop` is set or `send` reports the receiver gone.
     pub fn run(mut self, stop: &AtomicBool, mut send: impl FnMut(ProcessNotice) -> bool) {
-        let fd = self.events.as_raw_fd();
         while !stop.load(Ordering::Relaxed) {
-            let mut pollfd = libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            let timeout = self.second_looks.front().map_or(200, |(due, _)| {
-                due.saturating_duration_since(Instant::now()).as_millis().min(200) as i32
+            // In ms; it bounds how late we see `stop`.
+            let timeout: u16 = self.second_looks.front().map_or(200, |(due, _)| {
+                due.saturating_duration_since(Instant::now()).as_millis().min(200) as u16
             });
-            // SAFETY: one valid pollfd; the timeout bounds how late we see `stop`.
-            let ready = unsafe { libc::poll(&mut pollfd, 1, timeout) };
-            if ready < 0 {
-                let err = std::io::Error::last_os_error();
-                if err.kind() != std::io::ErrorKind::Interrupted {
-                    tracing::error!("polling process events: {err}");
+            let mut pollfd = [PollFd::new(self.events.as_fd(), PollFlags::POLLIN)];
+            match poll(&mut pollfd, timeout) {
+                Ok(_) => {}
+                Err(Errno::EINTR) => continue,
+                Err(err) => {
+                    tracing::error!("polling process events: {}", std::io::Error::from(err));
                     return;
                 }
-                continue;
             }
             while let Some(notice) = self.due_second_look() {
                 if !send(notice) {

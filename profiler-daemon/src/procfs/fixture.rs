@@ -55,6 +55,5 @@ impl Drop for FixtureProc {
 
 /// This test's own uid and gid.
 pub fn own_ids() -> (u32, u32) {
-    // SAFETY: getuid and getgid have no preconditions and cannot fail.
-    unsafe { (libc::getuid(), libc::getgid()) }
+    (nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw())
 }

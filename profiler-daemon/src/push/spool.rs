@@ -195,8 +195,7 @@ fn write(dir: &Path, queued: &Queued) -> std::io::Result<()> {
 fn check_owned(dir: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::MetadataExt;
     let meta = fs::symlink_metadata(dir)?;
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let euid = unsafe { libc::geteuid() };
+    let euid = nix::unistd::geteuid().as_raw();
     if !meta.is_dir() || meta.uid() != euid || meta.mode() & 0o022 != 0 {
         return Err(std::io::Error::other(format!(
             "{} must be a directory owned by uid {euid} and writable by it alone",

@@ -4,8 +4,12 @@
 //! every byte, and the bytes may change between two reads. Callers copy
 //! what they need into their own buffers once and decode from there.
 
-use std::time::Duration;
+use std::{io::IoSliceMut, time::Duration};
 
+use nix::{
+    sys::uio::{RemoteIoVec, process_vm_readv},
+    unistd::Pid,
+};
 use thiserror::Error;
 
 /// The largest single read: no structure the reader follows is bigger
@@ -124,32 +128,25 @@ impl Memory for ProcessMemory {
         if len == 0 {
             return Ok(());
         }
-        let local = libc::iovec {
-            iov_base: buffer.as_mut_ptr().cast(),
-            iov_len: len,
-        };
         // The remote address is only a number to this process: the kernel
-        // checks it against the target's mappings.
-        let remote = libc::iovec {
-            iov_base: address as usize as *mut libc::c_void,
-            iov_len: len,
-        };
-        // SAFETY: `local` describes `buffer`, which we borrow mutably for the
-        // call and which is exactly `len` bytes long; the kernel writes at
-        // most that much into it. `remote` is never dereferenced here.
+        // checks it against the target's mappings. On the stack, both
+        // vectors: this runs per sample, with no allocation.
+        let remote = [RemoteIoVec {
+            base: address as usize,
+            len,
+        }];
         // `pid` beyond i32 is no process (the kernel answers ESRCH).
-        let read = unsafe { libc::process_vm_readv(self.pid as libc::pid_t, &local, 1, &remote, 1, 0) };
-        if read < 0 {
-            return Err(MemoryError::Os {
+        let pid = Pid::from_raw(self.pid as i32);
+        let got = process_vm_readv(pid, &mut [IoSliceMut::new(buffer)], &remote).map_err(|errno| {
+            MemoryError::Os {
                 pid: self.pid,
                 address,
                 len,
-                source: std::io::Error::last_os_error(),
-            });
-        }
+                source: std::io::Error::from(errno),
+            }
+        })?;
         // A partial read (the range runs into an unmapped page) is an error:
         // every structure read is needed whole.
-        let got = read as usize;
         if got != len {
             return Err(MemoryError::Short {
                 address,

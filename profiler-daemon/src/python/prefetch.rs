@@ -14,7 +14,7 @@
 
 use std::{
     collections::HashMap,
-    os::fd::{AsFd as _, AsRawFd as _},
+    os::fd::AsFd as _,
     sync::{
         Arc,
         atomic::{AtomicBool, AtomicU64, Ordering},
@@ -24,6 +24,7 @@ use std::{
 };
 
 use aya::maps::{MapData, RingBuf};
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use profiler_common::python::PythonCodeSeen;
 
 use super::{
@@ -125,16 +126,9 @@ impl Prefetcher {
 
     /// Waits for the ring to have something, at most `timeout`.
     fn wait(&self, timeout: Duration) {
-        let mut poll = libc::pollfd {
-            fd: self.ring.as_fd().as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd on this stack, for the call's duration;
-        // the descriptor is the ring's, open as long as `self.ring`.
-        unsafe {
-            libc::poll(&mut poll, 1, timeout.as_millis() as libc::c_int);
-        }
+        let timeout = PollTimeout::try_from(timeout).unwrap_or(PollTimeout::MAX);
+        // An error (EINTR) is only an earlier look at the ring.
+        let _ = poll(&mut [PollFd::new(self.ring.as_fd(), PollFlags::POLLIN)], timeout);
     }
 
     fn take_found(&mut self) {

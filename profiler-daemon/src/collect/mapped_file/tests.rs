@@ -60,9 +60,7 @@ fn by_path_a_symlink_a_fifo_and_another_inode_are_refused() {
 
     let fifo = dir.join("fifo");
     let fifo_text = fifo.to_str().expect("utf-8");
-    let c_path = std::ffi::CString::new(fifo_text).expect("no NUL");
-    // SAFETY: a valid NUL-terminated path.
-    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0, "mkfifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).expect("mkfifo");
     let fifo_meta = std::fs::metadata(&fifo).expect("stat fifo");
     let started = std::time::Instant::now();
     assert!(

@@ -1,29 +1,18 @@
 //! The process limits loading the sampler needs lifted.
 
+use nix::sys::resource::{RLIM_INFINITY, Resource, getrlimit, setrlimit};
+
 /// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK: lift it so they
 /// load. Every mapped file of every sampled process is held open: lift the
 /// descriptor limit to its hard maximum.
 pub(super) fn raise_limits() {
-    let mut files = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit/setrlimit read and write one valid struct.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut files) == 0 && files.rlim_cur < files.rlim_max {
-            files.rlim_cur = files.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &files);
-        }
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE)
+        && soft < hard
+    {
+        // Best effort: the daemon warns about a low limit itself.
+        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
     }
-    let limit = libc::rlimit {
-        rlim_cur: libc::RLIM_INFINITY,
-        rlim_max: libc::RLIM_INFINITY,
-    };
-    // SAFETY: setrlimit reads a valid, initialised struct.
-    if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &limit) } != 0 {
-        tracing::debug!(
-            "could not raise RLIMIT_MEMLOCK: {}",
-            std::io::Error::last_os_error()
-        );
+    if let Err(err) = setrlimit(Resource::RLIMIT_MEMLOCK, RLIM_INFINITY, RLIM_INFINITY) {
+        tracing::debug!("could not raise RLIMIT_MEMLOCK: {}", std::io::Error::from(err));
     }
 }

@@ -7,12 +7,22 @@
 //! LOOKUP, GETATTR, OPEN, and no answer to READ), so nothing need be
 //! installed; mounting needs root (CAP_SYS_ADMIN) and /dev/fuse.
 
-use std::ffi::CString;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
+
+use nix::{
+    errno::Errno,
+    mount::{MntFlags, MsFlags, mount, umount2},
+    poll::{PollFd, PollFlags, poll},
+    sys::{
+        signal::{Signal, kill},
+        wait::waitpid,
+    },
+    unistd::{self, ForkResult, Pid, fork},
+};
 
 use crate::python::memory::{Memory, MemoryError};
 use crate::python::reader::{DEADLINE, Reader, ReaderLimits};
@@ -67,9 +77,8 @@ fn reply(fd: &OwnedFd, unique: u64, error: i32, body: &[u8]) {
     out.extend(error.to_ne_bytes());
     out.extend(unique.to_ne_bytes());
     out.extend(body);
-    // SAFETY: `out` is a live buffer of `out.len()` bytes; `fd` is open.
     // A failed write (the request was interrupted) is nothing to the test.
-    unsafe { libc::write(fd.as_raw_fd(), out.as_ptr().cast(), out.len()) };
+    let _ = unistd::write(fd, &out);
 }
 
 fn u32_at(bytes: &[u8], at: usize) -> u32 {
@@ -85,26 +94,19 @@ fn u64_at(bytes: &[u8], at: usize) -> u64 {
 fn serve(fd: OwnedFd, seen: Arc<Seen>) {
     let mut buffer = vec![0u8; 256 * 1024];
     while !seen.stop.load(Ordering::SeqCst) {
-        let mut poll = libc::pollfd {
-            fd: fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
+        if !matches!(
+            poll(&mut [PollFd::new(fd.as_fd(), PollFlags::POLLIN)], 20u8),
+            Ok(1..)
+        ) {
+            continue;
+        }
+        let got = match unistd::read(&fd, &mut buffer) {
+            Ok(got) if got >= IN_HEADER => got,
+            // Unmounted.
+            Err(Errno::ENODEV) => break,
+            _ => continue,
         };
-        // SAFETY: one pollfd, live for the call.
-        let ready = unsafe { libc::poll(&mut poll, 1, 20) };
-        if ready <= 0 {
-            continue;
-        }
-        // SAFETY: `buffer` is live and `buffer.len()` bytes long.
-        let got = unsafe { libc::read(fd.as_raw_fd(), buffer.as_mut_ptr().cast(), buffer.len()) };
-        if got < IN_HEADER as isize {
-            // ENODEV: unmounted.
-            if got < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENODEV) {
-                break;
-            }
-            continue;
-        }
-        let request = &buffer[..got as usize];
+        let request = &buffer[..got];
         let (opcode, unique, node) = (u32_at(request, 4), u64_at(request, 8), u64_at(request, 16));
         let body = &request[IN_HEADER..];
         match opcode {
@@ -149,15 +151,11 @@ fn serve(fd: OwnedFd, seen: Arc<Seen>) {
     }
 }
 
-fn c_string(text: &str) -> CString {
-    CString::new(text).expect("no NUL")
-}
-
 /// A mount of the never-answering filesystem; stopped and unmounted when dropped.
 struct Mount {
     dir: PathBuf,
     /// The server's end of the connection (a child must close its copy).
-    device: libc::c_int,
+    device: RawFd,
     seen: Arc<Seen>,
     server: Option<std::thread::JoinHandle<()>>,
 }
@@ -166,33 +164,23 @@ impl Mount {
     fn new() -> Mount {
         let dir = std::env::temp_dir().join(format!("profilerd-fuse-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("mount point");
-        let device = c_string("/dev/fuse");
-        // SAFETY: a NUL-terminated path; the descriptor is owned below.
-        let raw = unsafe { libc::open(device.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
-        assert!(
-            raw >= 0,
-            "opening /dev/fuse: {} (the test needs root and FUSE)",
-            std::io::Error::last_os_error()
-        );
-        // SAFETY: `raw` is a descriptor just opened, owned by nobody else.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        let options = c_string(&format!("fd={raw},rootmode=40000,user_id=0,group_id=0"));
-        let (source, target, kind) = (
-            c_string("profilerd-test"),
-            c_string(dir.to_str().expect("utf-8 path")),
-            c_string("fuse"),
-        );
-        // SAFETY: NUL-terminated strings, live for the call.
-        let mounted = unsafe {
-            libc::mount(
-                source.as_ptr(),
-                target.as_ptr(),
-                kind.as_ptr(),
-                libc::MS_NOSUID | libc::MS_NODEV,
-                options.as_ptr().cast(),
-            )
-        };
-        assert_eq!(mounted, 0, "mounting FUSE: {}", std::io::Error::last_os_error());
+        // std opens close-on-exec.
+        let device = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/fuse")
+            .unwrap_or_else(|err| panic!("opening /dev/fuse: {err} (the test needs root and FUSE)"));
+        let fd = OwnedFd::from(device);
+        let raw = fd.as_raw_fd();
+        let options = format!("fd={raw},rootmode=40000,user_id=0,group_id=0");
+        mount(
+            Some("profilerd-test"),
+            &dir,
+            Some("fuse"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            Some(options.as_str()),
+        )
+        .unwrap_or_else(|errno| panic!("mounting FUSE: {}", std::io::Error::from(errno)));
         let seen = Arc::new(Seen::default());
         let server = {
             let seen = seen.clone();
@@ -218,33 +206,26 @@ impl Mount {
 impl Drop for Mount {
     fn drop(&mut self) {
         self.stop();
-        let target = c_string(self.dir.to_str().expect("utf-8 path"));
-        // SAFETY: a NUL-terminated path.
-        unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+        let _ = umount2(&self.dir, MntFlags::MNT_DETACH);
         let _ = std::fs::remove_dir(&self.dir);
     }
 }
 
 /// A forked child that holds the mapping and waits to be killed.
-struct Child(libc::pid_t);
+struct Child(Pid);
 
 impl Drop for Child {
     fn drop(&mut self) {
-        // SAFETY: our child; killed and reaped once.
-        unsafe {
-            libc::kill(self.0, libc::SIGKILL);
-            libc::waitpid(self.0, std::ptr::null_mut(), 0);
-        }
+        // Our child: killed and reaped once.
+        let _ = kill(self.0, Signal::SIGKILL);
+        let _ = waitpid(self.0, None);
     }
 }
 
 #[test]
 fn a_mapping_that_never_pages_in_times_out() {
     let mut mount = Mount::new();
-    let path = c_string(mount.dir.join("file").to_str().expect("utf-8 path"));
-    // SAFETY: a NUL-terminated path.
-    let file = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
-    assert!(file >= 0, "opening the file: {}", std::io::Error::last_os_error());
+    let file = std::fs::File::open(mount.dir.join("file")).expect("opening the file");
     // SAFETY: a fresh private mapping of the file; never touched here (a
     // fault would block this thread), unmapped below.
     let map = unsafe {
@@ -253,33 +234,34 @@ fn a_mapping_that_never_pages_in_times_out() {
             FILE_SIZE as usize,
             libc::PROT_READ,
             libc::MAP_PRIVATE,
-            file,
+            file.as_raw_fd(),
             0,
         )
     };
     assert_ne!(map, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
-    // SAFETY: the descriptor opened above; the mapping keeps the file.
-    unsafe { libc::close(file) };
+    // The mapping keeps the file.
+    drop(file);
     // The target is a child, as in the daemon (a fault holds the target's
     // memory map lock at times, which must not be this test's own).
     // SAFETY: the child only calls async-signal-safe functions (close, pause).
-    let pid = unsafe { libc::fork() };
-    assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
-    if pid == 0 {
-        // SAFETY: async-signal-safe. Its copy of the device would keep the
-        // connection up when the server closes its own.
-        unsafe { libc::close(mount.device) };
-        loop {
-            // SAFETY: async-signal-safe; the child waits for its SIGKILL.
-            unsafe { libc::pause() };
+    let pid = match unsafe { fork() }.expect("fork") {
+        ForkResult::Parent { child } => child,
+        ForkResult::Child => {
+            // Its copy of the device would keep the connection up when the
+            // server closes its own.
+            let _ = unistd::close(mount.device);
+            // Until its SIGKILL.
+            loop {
+                unistd::pause();
+            }
         }
-    }
+    };
     let child = Child(pid);
     // SAFETY: the mapping made above, never used here; the child has its own.
     unsafe { libc::munmap(map, FILE_SIZE as usize) };
 
     let reader = Reader::new(ReaderLimits::default());
-    let memory = reader.open(child.0 as u32);
+    let memory = reader.open(child.0.as_raw() as u32);
     let mut buffer = [0u8; 64];
     let start = Instant::now();
     let outcome = memory.read(map as u64 + 4096, &mut buffer);

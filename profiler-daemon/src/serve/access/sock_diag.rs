@@ -109,8 +109,7 @@ mod tests {
         let server = listener.local_addr().expect("listener address");
         let _client = TcpStream::connect(server).expect("connecting");
         let (_accepted, client) = listener.accept().expect("accepting");
-        // SAFETY: geteuid has no preconditions and cannot fail.
-        let me = unsafe { libc::geteuid() };
+        let me = nix::unistd::geteuid().as_raw();
         assert_eq!(peer_uid(client, server).expect("the client's uid"), me);
     }
 

@@ -27,13 +27,17 @@ use std::{
     collections::{HashMap, HashSet},
     ffi::OsString,
     fs::File,
-    os::fd::{AsRawFd, OwnedFd},
+    os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     sync::Arc,
     time::{Duration, Instant},
 };
 
+use nix::{
+    errno::Errno,
+    poll::{PollFd, PollFlags, PollTimeout, poll},
+};
 use prost::Message as _;
 
 use crate::error::Chain;
@@ -258,14 +262,13 @@ impl WorkerClient {
             self.stop();
             self.stats.recycled += 1;
         }
-        let socket = self.socket()?;
-        if let Some(running) = &mut self.running {
-            running.requests += 1;
-        }
-        protocol::send_frame(socket, request, Some(fd.as_raw_fd())).map_err(|err| self.lost(err, timeout))?;
-        let wait = || wait_readable(socket, deadline);
-        let (body, _) =
-            protocol::recv_frame(socket, MAX_RESPONSE_BYTES, wait).map_err(|err| self.lost(err, timeout))?;
+        let running = self.running()?;
+        running.requests += 1;
+        let socket = running.socket.as_fd();
+        let answer = protocol::send_frame(socket, request, Some(fd.as_fd())).and_then(|()| {
+            protocol::recv_frame_without_fd(socket, MAX_RESPONSE_BYTES, || wait_readable(socket, deadline))
+        });
+        let body = answer.map_err(|err| self.lost(err, timeout))?;
         Response::decode(&*body).map_err(|err| WorkerError::Protocol(err.to_string()))
     }
 
@@ -285,28 +288,26 @@ impl WorkerClient {
         }
     }
 
-    fn socket(&mut self) -> Result<std::os::fd::RawFd, WorkerError> {
-        if self.running.is_none() {
-            if self.not_before.is_some_and(|at| Instant::now() < at) {
-                return Err(WorkerError::Unavailable("restarting after a failed start".into()));
+    /// The running worker, started if there is none.
+    fn running(&mut self) -> Result<&mut Running, WorkerError> {
+        if let Some(running) = self.running.take() {
+            return Ok(self.running.insert(running));
+        }
+        if self.not_before.is_some_and(|at| Instant::now() < at) {
+            return Err(WorkerError::Unavailable("restarting after a failed start".into()));
+        }
+        match self.spawn() {
+            Ok(running) => {
+                self.not_before = None;
+                Ok(self.running.insert(running))
             }
-            match self.spawn() {
-                Ok(running) => {
-                    self.not_before = None;
-                    self.running = Some(running);
-                }
-                Err(err) => {
-                    self.stats.spawn_failures += 1;
-                    self.not_before = Some(Instant::now() + RESPAWN_BACKOFF);
-                    tracing::error!("starting the symbolizer worker failed: {err}");
-                    return Err(WorkerError::Unavailable(err.to_string()));
-                }
+            Err(err) => {
+                self.stats.spawn_failures += 1;
+                self.not_before = Some(Instant::now() + RESPAWN_BACKOFF);
+                tracing::error!("starting the symbolizer worker failed: {err}");
+                Err(WorkerError::Unavailable(err.to_string()))
             }
         }
-        Ok(self
-            .running
-            .as_ref()
-            .map_or(-1, |running| running.socket.as_raw_fd()))
     }
 
     fn spawn(&self) -> std::io::Result<Running> {
@@ -352,28 +353,17 @@ impl Drop for WorkerClient {
 }
 
 /// Waits until `socket` is readable or `deadline` passes.
-fn wait_readable(socket: std::os::fd::RawFd, deadline: Instant) -> Result<(), ProtocolError> {
+fn wait_readable(socket: BorrowedFd<'_>, deadline: Instant) -> Result<(), ProtocolError> {
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(ProtocolError::TimedOut);
         }
-        let mut pollfd = libc::pollfd {
-            fd: socket,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let timeout = i32::try_from(left.as_millis().max(1)).unwrap_or(i32::MAX);
-        // SAFETY: one valid pollfd for the duration of the call.
-        let ready = unsafe { libc::poll(&mut pollfd, 1, timeout) };
-        if ready > 0 {
-            return Ok(());
-        }
-        if ready < 0 {
-            let err = std::io::Error::last_os_error();
-            if err.kind() != std::io::ErrorKind::Interrupted {
-                return Err(err.into());
-            }
+        let timeout = PollTimeout::try_from(left.as_millis().max(1)).unwrap_or(PollTimeout::MAX);
+        match poll(&mut [PollFd::new(socket, PollFlags::POLLIN)], timeout) {
+            Ok(ready) if ready > 0 => return Ok(()),
+            Ok(_) | Err(Errno::EINTR) => {}
+            Err(errno) => return Err(std::io::Error::from(errno).into()),
         }
     }
 }

@@ -7,8 +7,13 @@
 //! decode can fail without harm.
 
 use std::{
-    io,
-    os::fd::{FromRawFd, OwnedFd, RawFd},
+    io::{self, IoSlice, IoSliceMut},
+    os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd},
+};
+
+use nix::{
+    errno::Errno,
+    sys::socket::{self, AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag, SockType},
 };
 
 mod unwind;
@@ -112,9 +117,9 @@ pub enum ProtocolError {
 
 /// Writes one frame, with `fd` attached to its first byte.
 pub fn send_frame(
-    socket: RawFd,
+    socket: BorrowedFd<'_>,
     message: &impl prost::Message,
-    fd: Option<RawFd>,
+    fd: Option<BorrowedFd<'_>>,
 ) -> Result<(), ProtocolError> {
     let body = message.encode_to_vec();
     let mut frame = Vec::with_capacity(4 + body.len());
@@ -132,11 +137,32 @@ pub fn send_frame(
 }
 
 /// Reads one frame of at most `max` bytes, and the descriptor attached to
-/// it, if any. `wait` is called before each read that would block (it polls
-/// with the caller's deadline).
+/// it, if any (the worker's side: each request carries its file). `wait` is
+/// called before each read that would block (it polls with the caller's
+/// deadline).
 pub fn recv_frame(
-    socket: RawFd,
+    socket: BorrowedFd<'_>,
     max: usize,
+    wait: impl FnMut() -> Result<(), ProtocolError>,
+) -> Result<(Vec<u8>, Option<OwnedFd>), ProtocolError> {
+    recv_frame_taking(socket, max, Descriptors::Take, wait)
+}
+
+/// Reads one frame of at most `max` bytes that should carry no descriptor
+/// (the daemon's side: answers carry none). Any the other end attaches are
+/// closed by the kernel unseen, never installed in this process.
+pub fn recv_frame_without_fd(
+    socket: BorrowedFd<'_>,
+    max: usize,
+    wait: impl FnMut() -> Result<(), ProtocolError>,
+) -> Result<Vec<u8>, ProtocolError> {
+    recv_frame_taking(socket, max, Descriptors::Refuse, wait).map(|(body, _)| body)
+}
+
+fn recv_frame_taking(
+    socket: BorrowedFd<'_>,
+    max: usize,
+    descriptors: Descriptors,
     mut wait: impl FnMut() -> Result<(), ProtocolError>,
 ) -> Result<(Vec<u8>, Option<OwnedFd>), ProtocolError> {
     let mut header = [0u8; 4];
@@ -144,7 +170,7 @@ pub fn recv_frame(
     let mut filled = 0;
     while filled < header.len() {
         wait()?;
-        let (read, received) = recv_with_fd(socket, &mut header[filled..])?;
+        let (read, received) = recv_with_fd(socket, &mut header[filled..], descriptors)?;
         if received.is_some() {
             fd = received;
         }
@@ -158,107 +184,111 @@ pub fn recv_frame(
     let mut filled = 0;
     while filled < len {
         wait()?;
-        let (read, _) = recv_with_fd(socket, &mut body[filled..])?;
+        let (read, _) = recv_with_fd(socket, &mut body[filled..], descriptors)?;
         filled += read;
     }
     Ok((body, fd))
 }
 
-const CMSG_SPACE: usize = 64;
+/// Whether a read takes the descriptors that arrive with the bytes.
+#[derive(Clone, Copy)]
+enum Descriptors {
+    Take,
+    Refuse,
+}
 
-fn send_with_fd(socket: RawFd, bytes: &[u8], fd: Option<RawFd>) -> Result<usize, ProtocolError> {
-    let mut iov = libc::iovec {
-        iov_base: bytes.as_ptr() as *mut libc::c_void,
-        iov_len: bytes.len(),
-    };
-    let mut control = [0u64; CMSG_SPACE / 8];
-    // SAFETY: zeroed msghdr is a valid empty message; the pointers set below
-    // point into `iov` and `control`, which outlive the sendmsg call.
-    let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
-    message.msg_iov = &mut iov;
-    message.msg_iovlen = 1;
-    if let Some(fd) = fd {
-        message.msg_control = control.as_mut_ptr().cast();
-        // SAFETY: CMSG_SPACE only computes a size.
-        message.msg_controllen = unsafe { libc::CMSG_SPACE(size_of::<RawFd>() as u32) } as usize;
-        // SAFETY: msg_control points to a buffer of at least msg_controllen
-        // bytes (64 >= CMSG_SPACE(4)), so the first header and its data fit.
-        unsafe {
-            let header = libc::CMSG_FIRSTHDR(&message);
-            (*header).cmsg_level = libc::SOL_SOCKET;
-            (*header).cmsg_type = libc::SCM_RIGHTS;
-            (*header).cmsg_len = libc::CMSG_LEN(size_of::<RawFd>() as u32) as usize;
-            std::ptr::write_unaligned(libc::CMSG_DATA(header).cast::<RawFd>(), fd);
-        }
-    }
+/// The most descriptors one message can carry (the kernel's SCM_MAX_FD).
+const SCM_MAX_FD: usize = 253;
+/// Room for the control message of [`SCM_MAX_FD`] descriptors,
+/// CMSG_SPACE(253 * 4): a header and data, each aligned to a `usize`.
+/// With that room the kernel never cuts a list of descriptors short for
+/// space (MSG_CTRUNC), which nix would refuse to decode, leaking whatever
+/// the kernel had already installed.
+const CONTROL_BYTES: usize =
+    cmsg_align(size_of::<libc::cmsghdr>()) + cmsg_align(SCM_MAX_FD * size_of::<RawFd>());
+
+const fn cmsg_align(len: usize) -> usize {
+    len.next_multiple_of(size_of::<usize>())
+}
+
+/// The control buffer, aligned as a `cmsghdr` must be (nix reads the headers in place).
+#[repr(C, align(8))]
+struct ControlBuffer([u8; CONTROL_BYTES]);
+
+fn send_with_fd(
+    socket: BorrowedFd<'_>,
+    bytes: &[u8],
+    fd: Option<BorrowedFd<'_>>,
+) -> Result<usize, ProtocolError> {
+    let iov = [IoSlice::new(bytes)];
+    let fds = fd.map(|fd| [fd.as_raw_fd()]);
+    let rights = fds.as_ref().map(|fds| ControlMessage::ScmRights(fds));
     loop {
-        // SAFETY: `message` is fully initialised and its buffers are live.
-        let sent = unsafe { libc::sendmsg(socket, &message, libc::MSG_NOSIGNAL) };
-        if sent >= 0 {
-            return Ok(sent as usize);
-        }
-        let err = io::Error::last_os_error();
-        match err.kind() {
-            io::ErrorKind::Interrupted => continue,
-            io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset => return Err(ProtocolError::Closed),
-            _ => return Err(err.into()),
+        // MSG_NOSIGNAL: a worker gone is an error here, not a SIGPIPE.
+        match socket::sendmsg::<()>(
+            socket.as_raw_fd(),
+            &iov,
+            rights.as_slice(),
+            MsgFlags::MSG_NOSIGNAL,
+            None,
+        ) {
+            Ok(sent) => return Ok(sent),
+            Err(Errno::EINTR) => continue,
+            Err(Errno::EPIPE | Errno::ECONNRESET) => return Err(ProtocolError::Closed),
+            Err(errno) => return Err(io::Error::from(errno).into()),
         }
     }
 }
 
-fn recv_with_fd(socket: RawFd, buffer: &mut [u8]) -> Result<(usize, Option<OwnedFd>), ProtocolError> {
-    let mut iov = libc::iovec {
-        iov_base: buffer.as_mut_ptr().cast(),
-        iov_len: buffer.len(),
+fn recv_with_fd(
+    socket: BorrowedFd<'_>,
+    buffer: &mut [u8],
+    descriptors: Descriptors,
+) -> Result<(usize, Option<OwnedFd>), ProtocolError> {
+    let mut room = ControlBuffer([0; CONTROL_BYTES]);
+    let mut control = match descriptors {
+        Descriptors::Take => Some(&mut room.0[..]),
+        // No room at all: the kernel closes what was sent (MSG_CTRUNC).
+        Descriptors::Refuse => None,
     };
-    let mut control = [0u64; CMSG_SPACE / 8];
-    // SAFETY: as in send_with_fd; the buffers outlive the recvmsg call.
-    let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
-    message.msg_iov = &mut iov;
-    message.msg_iovlen = 1;
-    message.msg_control = control.as_mut_ptr().cast();
-    message.msg_controllen = CMSG_SPACE;
-    let read = loop {
-        // SAFETY: `message` describes live buffers of the stated sizes.
-        // MSG_CMSG_CLOEXEC: a received descriptor never leaks into a child.
-        let read = unsafe { libc::recvmsg(socket, &mut message, libc::MSG_CMSG_CLOEXEC) };
-        if read >= 0 {
-            break read as usize;
-        }
-        let err = io::Error::last_os_error();
-        if err.kind() != io::ErrorKind::Interrupted {
-            return Err(err.into());
+    let empty = buffer.is_empty();
+    let mut iov = [IoSliceMut::new(buffer)];
+    // MSG_CMSG_CLOEXEC: a received descriptor never leaks into a child.
+    let message = loop {
+        match socket::recvmsg::<()>(
+            socket.as_raw_fd(),
+            &mut iov,
+            control.as_deref_mut(),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        ) {
+            Ok(message) => break message,
+            Err(Errno::EINTR) => continue,
+            Err(errno) => return Err(io::Error::from(errno).into()),
         }
     };
     let mut received = None;
-    // SAFETY: the kernel filled msg_control/msg_controllen; CMSG_FIRSTHDR and
-    // CMSG_NXTHDR walk only within them. Every SCM_RIGHTS descriptor is
-    // owned by us from here on (so closed if unused).
-    unsafe {
-        let mut header = libc::CMSG_FIRSTHDR(&message);
-        while !header.is_null() {
-            if (*header).cmsg_level == libc::SOL_SOCKET && (*header).cmsg_type == libc::SCM_RIGHTS {
-                let data = libc::CMSG_DATA(header);
-                // The kernel wrote the header; still, never read past the buffer.
-                let count = ((*header).cmsg_len as usize)
-                    .saturating_sub(libc::CMSG_LEN(0) as usize)
-                    .min(CMSG_SPACE - libc::CMSG_LEN(0) as usize)
-                    / size_of::<RawFd>();
-                for index in 0..count {
-                    let fd = std::ptr::read_unaligned(data.cast::<RawFd>().add(index));
-                    let owned = OwnedFd::from_raw_fd(fd);
-                    if received.is_none() {
-                        received = Some(owned);
-                    }
-                }
+    // nix does not decode a list the kernel cut short (MSG_CTRUNC). Given
+    // the room, that happens here only when this process is out of
+    // descriptors, and then the kernel installed none of the single one
+    // the daemon sends: the frame carries no descriptor, as before.
+    if let Ok(messages) = message.cmsgs() {
+        for rights in messages {
+            let ControlMessageOwned::ScmRights(fds) = rights else {
+                continue;
+            };
+            for fd in fds {
+                // SAFETY: the kernel has just installed `fd` in this
+                // process for this message (SCM_RIGHTS): nothing else
+                // refers to it, so it is ours to own, and closed if unused.
+                let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+                received.get_or_insert(owned);
             }
-            header = libc::CMSG_NXTHDR(&message, header);
         }
     }
-    if read == 0 && !buffer.is_empty() {
+    if message.bytes == 0 && !empty {
         return Err(ProtocolError::Closed);
     }
-    Ok((read, received))
+    Ok((message.bytes, received))
 }
 
 /// Truncates `text` to at most `max` bytes on a character boundary.
@@ -275,80 +305,13 @@ pub fn bounded(mut text: String, max: usize) -> String {
 
 /// A connected pair of stream sockets, close-on-exec.
 pub fn socket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0 as RawFd; 2];
-    // SAFETY: `fds` has room for the two descriptors socketpair writes.
-    let rc = unsafe {
-        libc::socketpair(
-            libc::AF_UNIX,
-            libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
-            0,
-            fds.as_mut_ptr(),
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: socketpair succeeded: both descriptors are open and ours.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+    Ok(socket::socketpair(
+        AddressFamily::Unix,
+        SockType::Stream,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )?)
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use prost::Message as _;
-    use std::os::fd::AsRawFd;
-
-    fn raw(fd: &OwnedFd) -> RawFd {
-        fd.as_raw_fd()
-    }
-
-    #[test]
-    fn frames_and_descriptors_cross_a_socket_pair() {
-        let (a, b) = socket_pair().expect("socketpair");
-        let file = std::fs::File::open("/proc/self/exe").expect("our own binary");
-        let request = Request {
-            file: Some(FileIdentity {
-                dev: 1,
-                inode: 2,
-                size: 3,
-                mtime_ns: -4,
-            }),
-            offsets: vec![1, 2, 3],
-            unwind_table: false,
-        };
-        send_frame(raw(&a), &request, Some(file.as_raw_fd())).expect("send");
-        let (body, fd) = recv_frame(raw(&b), MAX_REQUEST_BYTES, || Ok(())).expect("receive");
-        assert_eq!(Request::decode(&*body).expect("decode"), request);
-        assert!(fd.is_some(), "the descriptor should arrive with the frame");
-    }
-
-    #[test]
-    fn oversized_frames_are_refused() {
-        let (a, b) = socket_pair().expect("socketpair");
-        let request = Request {
-            file: None,
-            offsets: (0..1000).collect(),
-            unwind_table: false,
-        };
-        send_frame(raw(&a), &request, None).expect("send");
-        let result = recv_frame(raw(&b), 16, || Ok(()));
-        assert!(
-            matches!(result, Err(ProtocolError::TooLarge(_))),
-            "got {result:?}"
-        );
-    }
-
-    #[test]
-    fn bounded_cuts_on_a_character_boundary() {
-        assert_eq!(bounded("héllo".into(), 2), "h");
-        assert_eq!(bounded("abc".into(), 10), "abc");
-    }
-
-    #[test]
-    fn causes_are_printed_once() {
-        let decode = Response::decode(&[0xff_u8][..]).expect_err("one 0xff byte is not a message");
-        crate::error::assert_each_cause_once(&ProtocolError::Decode(decode));
-        let io = io::Error::from(io::ErrorKind::BrokenPipe);
-        crate::error::assert_each_cause_once(&ProtocolError::Io(io));
-    }
-}
+mod tests;

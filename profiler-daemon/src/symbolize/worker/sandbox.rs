@@ -3,66 +3,61 @@
 
 use std::io;
 
+use nix::{
+    sys::{
+        prctl,
+        resource::{Resource, getrlimit, setrlimit},
+        signal::{SigHandler, Signal, signal},
+    },
+    unistd::{Gid, Uid, geteuid, getuid, setgroups, setresgid, setresuid},
+};
+
 /// The unprivileged identity a worker started by root takes.
-const NOBODY: libc::uid_t = 65534;
+const NOBODY: u32 = 65534;
 /// Descriptors the worker may hold: its cached files and what blazesym opens.
-const WORKER_MAX_FILES: libc::rlim_t = 1024;
+const WORKER_MAX_FILES: u64 = 1024;
 
 /// Runs in the child between fork and exec: only async-signal-safe calls
-/// (setrlimit, prctl and raw syscalls, no allocation).
+/// (setrlimit, prctl and raw syscalls, no allocation: nix's wrappers of
+/// these are the bare calls on stack values).
 ///
 /// # Safety
 /// Must only be called in a freshly forked child before exec.
 pub unsafe fn confine(memory_bytes: u64) -> io::Result<()> {
-    // SAFETY: (all calls below) plain syscalls on this process with valid
-    // arguments; none allocates or takes a lock.
-    unsafe {
-        check(libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0))?;
-        // Ctrl-C at `profilerd record` reaches the whole process group:
-        // the daemon stops the worker itself.
-        libc::signal(libc::SIGINT, libc::SIG_IGN);
-        limit(libc::RLIMIT_DATA, memory_bytes)?;
-        limit(libc::RLIMIT_CORE, 0)?;
-        limit(libc::RLIMIT_NOFILE, WORKER_MAX_FILES)?;
-        // Ambient capabilities (a systemd unit's AmbientCapabilities) would
-        // survive exec: clear them first.
-        check(libc::prctl(
-            libc::PR_CAP_AMBIENT,
-            libc::PR_CAP_AMBIENT_CLEAR_ALL,
-            0,
-            0,
-            0,
-        ))?;
-        if libc::geteuid() == 0 || libc::getuid() == 0 {
-            // Leaving uid 0 clears the permitted and effective sets too.
-            check(libc::setgroups(0, std::ptr::null()))?;
-            check(libc::setresgid(NOBODY, NOBODY, NOBODY))?;
-            check(libc::setresuid(NOBODY, NOBODY, NOBODY))?;
-        }
-        // With no ambient set, a uid other than 0 and no_new_privs (file
-        // capabilities ignored), exec leaves the worker no capability: it
-        // checks that itself (`verify_unprivileged`). No capset here: a
-        // systemd unit's ~@privileged filter refuses it.
-        check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))
+    prctl::set_pdeathsig(Signal::SIGKILL)?;
+    // Ctrl-C at `profilerd record` reaches the whole process group:
+    // the daemon stops the worker itself.
+    // SAFETY: SIG_IGN installs no handler, so no code of ours can run in
+    // signal context; the disposition survives exec, as intended.
+    let _ = unsafe { signal(Signal::SIGINT, SigHandler::SigIgn) };
+    limit(Resource::RLIMIT_DATA, memory_bytes)?;
+    limit(Resource::RLIMIT_CORE, 0)?;
+    limit(Resource::RLIMIT_NOFILE, WORKER_MAX_FILES)?;
+    // Ambient capabilities (a systemd unit's AmbientCapabilities) would
+    // survive exec: clear them first. nix has no PR_CAP_AMBIENT.
+    // SAFETY: a plain prctl on this process with integer arguments only;
+    // it neither allocates nor takes a lock.
+    check(unsafe { libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) })?;
+    if geteuid().is_root() || getuid().is_root() {
+        // Leaving uid 0 clears the permitted and effective sets too.
+        let (uid, gid) = (Uid::from_raw(NOBODY), Gid::from_raw(NOBODY));
+        setgroups(&[])?;
+        setresgid(gid, gid, gid)?;
+        setresuid(uid, uid, uid)?;
     }
+    // With no ambient set, a uid other than 0 and no_new_privs (file
+    // capabilities ignored), exec leaves the worker no capability: it
+    // checks that itself (`verify_unprivileged`). No capset here: a
+    // systemd unit's ~@privileged filter refuses it.
+    Ok(prctl::set_no_new_privs()?)
 }
 
 /// Lowers a limit (never above the current hard limit: raising it would need
 /// CAP_SYS_RESOURCE).
-unsafe fn limit(resource: libc::__rlimit_resource_t, value: u64) -> io::Result<()> {
-    let mut current = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: a valid rlimit out-parameter for this process.
-    check(unsafe { libc::getrlimit(resource, &mut current) })?;
-    let value = value.min(current.rlim_max);
-    let limit = libc::rlimit {
-        rlim_cur: value,
-        rlim_max: value,
-    };
-    // SAFETY: a valid rlimit for this process.
-    check(unsafe { libc::setrlimit(resource, &limit) })
+fn limit(resource: Resource, value: u64) -> io::Result<()> {
+    let (_, hard) = getrlimit(resource)?;
+    let value = value.min(hard);
+    Ok(setrlimit(resource, value, value)?)
 }
 
 fn check(rc: libc::c_int) -> io::Result<()> {

@@ -10,7 +10,7 @@
 use std::{
     collections::HashMap,
     fs::File,
-    os::fd::{AsRawFd, OwnedFd},
+    os::fd::{AsFd, AsRawFd, OwnedFd},
     path::PathBuf,
 };
 
@@ -38,7 +38,7 @@ const MAX_CACHED_FILES: usize = 32;
 pub fn serve(socket: OwnedFd) -> Result<(), ProtocolError> {
     let mut worker = Worker::new();
     loop {
-        let (body, fd) = match protocol::recv_frame(socket.as_raw_fd(), MAX_REQUEST_BYTES, || Ok(())) {
+        let (body, fd) = match protocol::recv_frame(socket.as_fd(), MAX_REQUEST_BYTES, || Ok(())) {
             Ok(frame) => frame,
             Err(ProtocolError::Closed) => return Ok(()),
             Err(err) => return Err(err),
@@ -46,7 +46,7 @@ pub fn serve(socket: OwnedFd) -> Result<(), ProtocolError> {
         let request = Request::decode(&*body)?;
         let fd = fd.ok_or(ProtocolError::NoDescriptor)?;
         let response = worker.handle(&request, fd);
-        protocol::send_frame(socket.as_raw_fd(), &response, None)?;
+        protocol::send_frame(socket.as_fd(), &response, None)?;
     }
 }
 
