@@ -150,7 +150,7 @@ impl<M: Memory> PythonNames<M> {
         });
         // The cached entry answers, unless it must be read again.
         let seen = match cached(process, address, key, clock, self.limits.negative_ttl) {
-            Cached::Code(code) => return frame(&code, instruction),
+            Cached::Code(code) => return frame(code, instruction),
             Cached::Mismatched => {
                 self.stats.key_mismatches += 1;
                 return placeholder(address);

@@ -39,9 +39,9 @@ pub(super) struct Process<M> {
 }
 
 /// What the cache holds of an address, for a slot with `key`.
-pub(super) enum Cached {
+pub(super) enum Cached<'a> {
     /// Its code object, which the key matches.
-    Code(Arc<CodeObject>),
+    Code(&'a CodeObject),
     /// A code object this key did not match, read again recently.
     Mismatched,
     /// Unreadable, recently.
@@ -51,19 +51,19 @@ pub(super) enum Cached {
     Stale(Option<(u64, u32)>),
 }
 
-pub(super) fn cached<M>(
-    process: &mut Process<M>,
+pub(super) fn cached<'a, M>(
+    process: &'a mut Process<M>,
     address: u64,
     key: u64,
     clock: u64,
     ttl: Duration,
-) -> Cached {
+) -> Cached<'a> {
     let Some(entry) = process.entries.get_mut(&address) else {
         return Cached::Stale(None);
     };
     entry.used = clock;
     match &entry.state {
-        State::Code { code, .. } if code.key() == key => Cached::Code(code.clone()),
+        State::Code { code, .. } if code.key() == key => Cached::Code(code),
         State::Code {
             code,
             mismatched,
