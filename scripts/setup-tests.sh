@@ -9,10 +9,15 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=scripts/lib.sh
 source "$here/lib.sh"
 
+# valgrind: its DHAT tool is the oracle of the allocation workload's own
+# counts (tests/allocations.rs). The other test packages are in
+# scripts/toolchain.env's TEST_PACKAGES.
+ALLOCATION_TEST_PACKAGES=(valgrind)
+
 install_test_packages() {
     local had_prometheus=1
     dpkg-query -W -f='${Status}' prometheus 2>/dev/null | grep -q 'install ok installed' || had_prometheus=0
-    install_debian_packages "${TEST_PACKAGES[@]}"
+    install_debian_packages "${TEST_PACKAGES[@]}" "${ALLOCATION_TEST_PACKAGES[@]}"
     if [ "$had_prometheus" -eq 0 ]; then
         quiet_prometheus_server
     fi

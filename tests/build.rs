@@ -135,6 +135,8 @@ fn no_frame_pointer_workloads(out: &Path) -> anyhow::Result<()> {
         ("cxx_sort", "g++", "workloads/cxx_sort.cpp"),
         ("sigalrm", "cc", "workloads/sigalrm.c"),
         ("deep_recursion", "cc", "workloads/deep_recursion.c"),
+        // The allocation profiler's workload (tests/allocations.rs).
+        ("alloc_sites", "cc", "workloads/alloc_sites.c"),
     ] {
         println!("cargo::rerun-if-changed={source}");
         let binary = out.join(name);
@@ -165,7 +167,27 @@ fn no_frame_pointer_workloads(out: &Path) -> anyhow::Result<()> {
     compile("cc", &flags, Path::new(source), &binary, &link)?;
     export("fp_callback", &binary);
 
-    rust_without_frame_pointers(out)
+    rust_without_frame_pointers(out)?;
+    stripped_static_workload(out)
+}
+
+/// A static binary with no symbol table (tests/allocations.rs): glibc's
+/// malloc is in it, but nothing names it, so no allocator can be probed.
+fn stripped_static_workload(out: &Path) -> anyhow::Result<()> {
+    let source = "workloads/no_allocator.c";
+    println!("cargo::rerun-if-changed={source}");
+    let binary = out.join("no_allocator");
+    compile("cc", &["-O2", "-static"], Path::new(source), &binary, &[])?;
+    let status = std::process::Command::new("strip")
+        .arg("--strip-all")
+        .arg(&binary)
+        .status()
+        .context("running strip (binutils, with build-essential)")?;
+    if !status.success() {
+        bail!("strip failed for {}: {status}", binary.display());
+    }
+    export("no_allocator", &binary);
+    Ok(())
 }
 
 /// rustc directly, not a [[bin]]: cargo would give it the workspace's

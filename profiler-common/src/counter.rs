@@ -81,10 +81,29 @@ pub enum Counter {
     /// The ring of code objects to read was full: one may go unnamed if its
     /// process is short-lived.
     PythonCodesLost,
+    /// Allocator calls of traced processes that reached a probe.
+    AllocCalls,
+    /// Allocations sampled (recorded with their stack).
+    AllocSampled,
+    /// Frees of sampled blocks.
+    AllocFreed,
+    /// Allocator calls made inside another (glibc's realloc calling malloc):
+    /// counted once, by the outer call.
+    AllocNested,
+    /// A sampled block found no room in the live-block map: its free will
+    /// not be seen, so it stays "in use".
+    AllocBlocksFull,
+    /// A freed block's stack was gone: the free is counted without it.
+    AllocStackLost,
+    /// A thread found no room for its allocator state: its calls are not seen.
+    AllocThreadsFull,
+    /// The per-CPU walk scratch was in use (a preempted probe): the sample
+    /// was skipped.
+    AllocScratchBusy,
 }
 
 impl Counter {
-    pub const COUNT: u32 = 42;
+    pub const COUNT: u32 = 50;
 
     pub const ALL: [Counter; Self::COUNT as usize] = [
         Counter::Samples,
@@ -129,6 +148,14 @@ impl Counter {
         Counter::PythonNoThreadState,
         Counter::PythonFrames,
         Counter::PythonCodesLost,
+        Counter::AllocCalls,
+        Counter::AllocSampled,
+        Counter::AllocFreed,
+        Counter::AllocNested,
+        Counter::AllocBlocksFull,
+        Counter::AllocStackLost,
+        Counter::AllocThreadsFull,
+        Counter::AllocScratchBusy,
     ];
 
     /// Stable snake_case name used in logs and metrics.
@@ -176,6 +203,14 @@ impl Counter {
             Counter::PythonNoThreadState => "python_no_thread_state",
             Counter::PythonFrames => "python_frames",
             Counter::PythonCodesLost => "python_codes_lost",
+            Counter::AllocCalls => "alloc_calls",
+            Counter::AllocSampled => "alloc_sampled",
+            Counter::AllocFreed => "alloc_freed",
+            Counter::AllocNested => "alloc_nested",
+            Counter::AllocBlocksFull => "alloc_blocks_full",
+            Counter::AllocStackLost => "alloc_stack_lost",
+            Counter::AllocThreadsFull => "alloc_threads_full",
+            Counter::AllocScratchBusy => "alloc_scratch_busy",
         }
     }
 
@@ -213,6 +248,10 @@ impl Counter {
                 | Counter::PythonNoThreadState
                 | Counter::PythonFrames
                 | Counter::PythonCodesLost
+                | Counter::AllocCalls
+                | Counter::AllocSampled
+                | Counter::AllocFreed
+                | Counter::AllocNested
         )
     }
 }

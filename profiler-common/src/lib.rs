@@ -13,11 +13,13 @@ pub const COMM_LEN: usize = 16;
 /// Frames kept per stack; the kernel's own limit (PERF_MAX_STACK_DEPTH).
 pub const MAX_STACK_DEPTH: usize = 127;
 
+mod alloc;
 mod counter;
 mod names;
 mod sample;
 mod unwind;
 
+pub use alloc::*;
 pub use counter::Counter;
 pub use names::{globals, maps, programs};
 pub use sample::*;
@@ -43,4 +45,14 @@ mod pod {
     unsafe impl aya::Pod for super::UnwoundStack {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::Wait {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::AllocThread {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::AllocTraced {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::AllocBlockKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::AllocBlock {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::AllocStackKey {}
 }

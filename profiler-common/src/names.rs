@@ -22,6 +22,11 @@ pub mod maps {
     pub const PYTHON_THREADS: &str = "PYTHON_THREADS";
     pub const PYTHON_CODES: &str = "PYTHON_CODES";
     pub const PYTHON_SEEN: &str = "PYTHON_SEEN";
+    pub const ALLOC_TRACED: &str = "ALLOC_TRACED";
+    pub const ALLOC_THREADS: &str = "ALLOC_THREADS";
+    pub const ALLOC_BLOCKS: &str = "ALLOC_BLOCKS";
+    pub const ALLOC_STACKS: &str = "ALLOC_STACKS";
+    pub const ALLOC_DRAWS: &str = "ALLOC_DRAWS";
 
     /// Default capacities; the daemon may override them at load time.
     pub const DEFAULT_COUNTS_ENTRIES: u32 = 16384;
@@ -38,6 +43,14 @@ pub mod maps {
     /// Table ids (one per loaded file); id 0 is never used.
     pub const UNWIND_TABLE_IDS: u32 = 16384;
     pub const DEFAULT_UNWIND_PROCESSES_ENTRIES: u32 = 8192;
+    /// Processes traced for allocations at once, at most.
+    pub const ALLOC_TRACED_ENTRIES: u32 = 64;
+    /// Threads of traced processes with an allocator state.
+    pub const ALLOC_THREADS_ENTRIES: u32 = 16384;
+    /// Sampled blocks not yet freed, over every traced process.
+    pub const DEFAULT_ALLOC_BLOCKS_ENTRIES: u32 = 262_144;
+    /// Distinct allocation stacks kept for the frees of their blocks.
+    pub const DEFAULT_ALLOC_STACKS_ENTRIES: u32 = 8192;
 }
 
 /// Load-time settings of the BPF program (globals the daemon overrides).
@@ -61,6 +74,8 @@ pub mod globals {
     pub const OFF_CPU_MIN_NS: &str = "OFF_CPU_MIN_NS";
     /// Byte offset of `task_struct.thread.fsbase` (0: unknown, no Python frames).
     pub const TASK_FSBASE_OFFSET: &str = "TASK_FSBASE_OFFSET";
+    /// Mean bytes between sampled allocations (0: every allocation).
+    pub const ALLOC_INTERVAL: &str = "ALLOC_INTERVAL";
 }
 
 /// Program names as the daemon looks them up.
@@ -69,4 +84,8 @@ pub mod programs {
     pub const ON_EXEC: &str = "on_exec";
     pub const ON_EXIT: &str = "on_exit";
     pub const ON_SWITCH: &str = "on_switch";
+    /// Entry of every probed allocator function (free included).
+    pub const ALLOC_ENTER: &str = "alloc_enter";
+    /// Return of the allocating ones.
+    pub const ALLOC_RETURN: &str = "alloc_return";
 }

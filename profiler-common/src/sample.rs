@@ -91,6 +91,12 @@ pub mod sample_kind {
     /// Off-CPU waits of a thread that was preempted and waited, runnable,
     /// for a CPU (the run queue).
     pub const OFF_CPU_RUNNABLE: u16 = 2;
+    /// Sampled allocations of a traced process: `count` blocks, `amount`
+    /// their bytes (unscaled: the daemon scales by the sampling interval).
+    pub const ALLOC: u16 = 3;
+    /// Frees of sampled blocks, counted under the allocation's key and stack:
+    /// allocations less frees are the blocks still in use.
+    pub const ALLOC_FREED: u16 = 4;
 }
 
 /// Value of the counts maps; what it counts depends on [`SampleKey::kind`].

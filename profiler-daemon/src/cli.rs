@@ -31,7 +31,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Record a profile for a while and write it to a file, like `perf record`.
-    Record(RecordArgs),
+    Record(Box<RecordArgs>),
     /// Check a config file and print the settings it results in.
     CheckConfig {
         /// The TOML file, e.g. /etc/profilerd/profilerd.toml.
@@ -101,6 +101,17 @@ pub struct SamplingArgs {
     /// On by default; its cost is in the README.
     #[arg(long, default_value_t = false)]
     pub no_python_frames: bool,
+    /// Allocation profiles: mean bytes between sampled allocations, as Go
+    /// and jemalloc sample (0: record every allocation, at a higher cost).
+    #[arg(long, default_value_t = crate::collect::DEFAULT_ALLOC_SAMPLE_BYTES, value_parser = clap::value_parser!(u64).range(0..=1 << 30))]
+    pub alloc_sample_bytes: u64,
+    /// Allocation profiles: processes traced at once, at most.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub alloc_max_processes: u64,
+    /// Allocation profiles: a traced process whose probes cost it more than
+    /// this percentage of its CPU time stops being traced.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=100))]
+    pub alloc_budget_percent: u64,
     /// Where the sampled processes' /proc is: the host's, when the daemon
     /// runs in a container with the host's /proc mounted elsewhere (e.g.
     /// /host/proc, with the host's PID namespace for the sampler's pids).
@@ -313,6 +324,12 @@ impl SamplingArgs {
                     min_ns: self.off_cpu_min_us.saturating_mul(1000),
                 },
                 python_frames: !self.no_python_frames,
+                alloc_sample_bytes: self.alloc_sample_bytes,
+            },
+            allocations: crate::collect::allocations::AllocationLimits {
+                max_processes: usize::try_from(self.alloc_max_processes).unwrap_or(usize::MAX),
+                budget_percent: self.alloc_budget_percent,
+                ..Default::default()
             },
             proc_root: self.proc_root(),
             drain_interval: Duration::from_millis(self.drain_interval_ms),

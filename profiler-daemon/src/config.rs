@@ -48,6 +48,9 @@ pub struct Config {
     pub proc_root: Option<PathBuf>,
     pub off_cpu_sample_every: Option<u64>,
     pub off_cpu_min_us: Option<u64>,
+    pub alloc_sample_bytes: Option<u64>,
+    pub alloc_max_processes: Option<u64>,
+    pub alloc_budget_percent: Option<u64>,
     pub http_max_connections: Option<u64>,
     pub http_header_timeout_ms: Option<u64>,
     pub http_idle_timeout_seconds: Option<u64>,
@@ -82,7 +85,7 @@ pub const OTHER_KEYS: [&str; 11] = [
 
 /// The accepted range of each numeric key: the same as its flag's (a test
 /// checks them against clap's).
-pub const RANGES: [(&str, RangeInclusive<u64>); 22] = [
+pub const RANGES: [(&str, RangeInclusive<u64>); 25] = [
     ("retention_seconds", 1..=86_400),
     ("store_max_mb", 1..=65_536),
     ("store_user_share_percent", 0..=100),
@@ -98,6 +101,9 @@ pub const RANGES: [(&str, RangeInclusive<u64>); 22] = [
     ("unwind_table_user_share_percent", 0..=100),
     ("off_cpu_sample_every", 1..=1_000_000),
     ("off_cpu_min_us", 0..=10_000_000),
+    ("alloc_sample_bytes", 0..=1 << 30),
+    ("alloc_max_processes", 1..=64),
+    ("alloc_budget_percent", 1..=100),
     ("http_max_connections", 1..=65_536),
     ("http_header_timeout_ms", 100..=300_000),
     ("http_idle_timeout_seconds", 1..=3600),
@@ -171,7 +177,7 @@ impl Config {
         Self::parse(&text, &shown)
     }
 
-    fn numbers(&self) -> [(&'static str, Option<u64>); 22] {
+    fn numbers(&self) -> [(&'static str, Option<u64>); 25] {
         [
             ("retention_seconds", self.retention_seconds),
             ("store_max_mb", self.store_max_mb),
@@ -191,6 +197,9 @@ impl Config {
             ),
             ("off_cpu_sample_every", self.off_cpu_sample_every),
             ("off_cpu_min_us", self.off_cpu_min_us),
+            ("alloc_sample_bytes", self.alloc_sample_bytes),
+            ("alloc_max_processes", self.alloc_max_processes),
+            ("alloc_budget_percent", self.alloc_budget_percent),
             ("http_max_connections", self.http_max_connections),
             ("http_header_timeout_ms", self.http_header_timeout_ms),
             ("http_idle_timeout_seconds", self.http_idle_timeout_seconds),

@@ -71,7 +71,7 @@ pub fn run() -> ExitCode {
     };
     let result: Result<(), ExitCode> = runtime.block_on(async {
         match cli.command {
-            Some(Command::Record(args)) => crate::record::run(args).await.map_err(|err| {
+            Some(Command::Record(args)) => crate::record::run(*args).await.map_err(|err| {
                 eprintln!("profilerd: {}", Chain(&err));
                 ExitCode::FAILURE
             }),

@@ -21,6 +21,9 @@ pub enum Source {
     /// The sched_switch tracepoint: on with `--off-cpu`, where the kernel's
     /// BTF allows it.
     SchedSwitch,
+    /// Uprobes on a traced process's allocator: attached per process, for
+    /// a window someone asked for; loadable with table unwinding.
+    AllocatorProbes,
 }
 
 impl Source {
@@ -31,6 +34,9 @@ impl Source {
             Self::SchedSwitch => {
                 "start profilerd with --off-cpu (config file: off_cpu = true); if it was given, the log says why it is off"
             }
+            Self::AllocatorProbes => {
+                "start profilerd with table unwinding (--unwind auto, the default, or tables): allocation stacks are walked with the unwind tables"
+            }
         }
     }
 }
@@ -39,6 +45,7 @@ impl Source {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Unit {
     Nanoseconds,
+    Bytes,
 }
 
 impl Unit {
@@ -46,6 +53,7 @@ impl Unit {
     pub fn pprof_name(self) -> &'static str {
         match self {
             Self::Nanoseconds => "nanoseconds",
+            Self::Bytes => "bytes",
         }
     }
 
@@ -53,6 +61,7 @@ impl Unit {
     pub fn short(self) -> &'static str {
         match self {
             Self::Nanoseconds => "ns",
+            Self::Bytes => "B",
         }
     }
 
@@ -60,6 +69,7 @@ impl Unit {
     pub fn human(self, amount: u64) -> String {
         match self {
             Self::Nanoseconds => format!("{:.3} s", amount as f64 / 1e9),
+            Self::Bytes => format!("{:.1} MiB", amount as f64 / (1u64 << 20) as f64),
         }
     }
 }
@@ -73,6 +83,21 @@ pub enum SampleKind {
     OffCpuBlocked,
     /// Off-CPU, runnable: preempted, waiting in a run queue for a CPU.
     OffCpuRunnable,
+    /// Sampled allocations: blocks and their bytes, unscaled.
+    Alloc,
+    /// Frees of sampled blocks, under their allocation's stack and thread.
+    AllocFreed,
+}
+
+/// What a sample adds to one value (column) of its profile type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Value {
+    Count,
+    Amount,
+    /// Takes its count away (frees from allocations: what is still in use).
+    LessCount,
+    LessAmount,
+    Nothing,
 }
 
 /// Everything that varies with a [`SampleKind`].
@@ -96,10 +121,18 @@ pub struct KindDescription {
     /// The `/threads` field of its amount, and of its count if reported.
     pub threads_amount: &'static str,
     pub threads_count: Option<&'static str>,
+    /// What it adds to each value of its profile type, in their order.
+    pub values: &'static [Value],
 }
 
 impl SampleKind {
-    pub const ALL: [SampleKind; 3] = [Self::Cpu, Self::OffCpuBlocked, Self::OffCpuRunnable];
+    pub const ALL: [SampleKind; 5] = [
+        Self::Cpu,
+        Self::OffCpuBlocked,
+        Self::OffCpuRunnable,
+        Self::Alloc,
+        Self::AllocFreed,
+    ];
 
     pub const fn describe(self) -> &'static KindDescription {
         match self {
@@ -113,6 +146,7 @@ impl SampleKind {
                 wait_label: None,
                 threads_amount: "cpu_ns",
                 threads_count: Some("samples"),
+                values: &[Value::Count, Value::Amount],
             },
             Self::OffCpuBlocked => &KindDescription {
                 bpf: sample_kind::OFF_CPU_BLOCKED,
@@ -124,6 +158,7 @@ impl SampleKind {
                 wait_label: Some("blocked"),
                 threads_amount: "off_cpu_blocked_ns",
                 threads_count: None,
+                values: &[Value::Count, Value::Amount],
             },
             Self::OffCpuRunnable => &KindDescription {
                 bpf: sample_kind::OFF_CPU_RUNNABLE,
@@ -135,6 +170,37 @@ impl SampleKind {
                 wait_label: Some("runnable"),
                 threads_amount: "off_cpu_runnable_ns",
                 threads_count: None,
+                values: &[Value::Count, Value::Amount],
+            },
+            Self::Alloc => &KindDescription {
+                bpf: sample_kind::ALLOC,
+                source: Source::AllocatorProbes,
+                unit: Unit::Bytes,
+                profile: ProfileType::Alloc,
+                in_wall: false,
+                ends_in_switch: false,
+                wait_label: None,
+                threads_amount: "alloc_bytes",
+                threads_count: Some("allocs"),
+                // Allocated, and in use until freed.
+                values: &[Value::Count, Value::Amount, Value::Count, Value::Amount],
+            },
+            Self::AllocFreed => &KindDescription {
+                bpf: sample_kind::ALLOC_FREED,
+                source: Source::AllocatorProbes,
+                unit: Unit::Bytes,
+                profile: ProfileType::Alloc,
+                in_wall: false,
+                ends_in_switch: false,
+                wait_label: None,
+                threads_amount: "freed_bytes",
+                threads_count: Some("frees"),
+                values: &[
+                    Value::Nothing,
+                    Value::Nothing,
+                    Value::LessCount,
+                    Value::LessAmount,
+                ],
             },
         }
     }
@@ -197,6 +263,9 @@ pub enum ProfileType {
     OffCpu,
     /// Where threads spend wall-clock time: on-CPU plus off-CPU, per stack.
     Wall,
+    /// Where a traced process allocates, and what of it is still in use:
+    /// Go's heap profile.
+    Alloc,
 }
 
 /// A pprof `ValueType`: (type, unit).
@@ -209,6 +278,19 @@ pub enum Period {
     SamplingInterval,
     /// No fixed period (events of any length): the amount's own type, 1.
     One,
+    /// Allocations sampled every so many bytes on average: `space/bytes`,
+    /// the interval (Go's heap profile; 1 when every one is recorded).
+    AllocationInterval,
+}
+
+/// How a profile's values are scaled from what was recorded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scale {
+    /// As recorded.
+    None,
+    /// Byte-sampled allocations: each (count, bytes) pair of values is
+    /// scaled as Go's runtime/pprof does, by 1 / (1 - e^(-average/interval)).
+    SampledBytes,
 }
 
 /// Which of a sample's two values the views (flame graph, top, folded) add.
@@ -237,11 +319,15 @@ pub struct TypeDescription {
     pub aliases: &'static [&'static str],
     /// What it measures, for people: titles and headers.
     pub title: &'static str,
-    /// The pprof sample types, in value order: [count, amount]. Names as
-    /// the ecosystem reads them: Go's and Pyroscope's CPU profile; off-CPU
-    /// as the OpenTelemetry profiler and Parca name it; wall as Pyroscope's.
-    pub sample_types: [ValueName; 2],
+    /// The pprof sample types, in value order: [count, amount], and for
+    /// allocations Go's four. Names as the ecosystem reads them: Go's and
+    /// Pyroscope's CPU profile; off-CPU as the OpenTelemetry profiler and
+    /// Parca name it; wall as Pyroscope's; allocations as Go's heap profile.
+    pub sample_types: &'static [ValueName],
+    /// The sample type pprof shows unless told otherwise (None: the last).
+    pub default_sample_type: Option<&'static str>,
     pub period: Period,
+    pub scale: Scale,
     /// The unit of the amount (every kind it includes shares it).
     pub unit: Unit,
     pub views_count: ViewValue,
@@ -256,7 +342,7 @@ pub struct TypeDescription {
 }
 
 impl ProfileType {
-    pub const ALL: [ProfileType; 3] = [Self::Cpu, Self::OffCpu, Self::Wall];
+    pub const ALL: [ProfileType; 4] = [Self::Cpu, Self::OffCpu, Self::Wall, Self::Alloc];
 
     pub const fn describe(self) -> &'static TypeDescription {
         match self {
@@ -264,8 +350,10 @@ impl ProfileType {
                 name: "cpu",
                 aliases: &[],
                 title: "CPU",
-                sample_types: [("samples", "count"), ("cpu", "nanoseconds")],
+                sample_types: &[("samples", "count"), ("cpu", "nanoseconds")],
+                default_sample_type: None,
                 period: Period::SamplingInterval,
+                scale: Scale::None,
                 unit: Unit::Nanoseconds,
                 views_count: ViewValue::Count,
                 go_path: "/debug/pprof/profile",
@@ -280,8 +368,10 @@ impl ProfileType {
                 name: "offcpu",
                 aliases: &["off-cpu", "off_cpu"],
                 title: "off-CPU",
-                sample_types: [("events", "count"), ("off_cpu", "nanoseconds")],
+                sample_types: &[("events", "count"), ("off_cpu", "nanoseconds")],
+                default_sample_type: None,
                 period: Period::One,
+                scale: Scale::None,
                 unit: Unit::Nanoseconds,
                 views_count: ViewValue::Amount,
                 go_path: "/debug/pprof/offcpu",
@@ -297,8 +387,10 @@ impl ProfileType {
                 name: "wall",
                 aliases: &[],
                 title: "wall-clock",
-                sample_types: [("samples", "count"), ("wall", "nanoseconds")],
+                sample_types: &[("samples", "count"), ("wall", "nanoseconds")],
+                default_sample_type: None,
                 period: Period::One,
+                scale: Scale::None,
                 unit: Unit::Nanoseconds,
                 views_count: ViewValue::Amount,
                 go_path: "/debug/pprof/wall",
@@ -307,6 +399,30 @@ impl ProfileType {
                     parca: None,
                 },
                 explanation: "wall-clock is CPU plus off-CPU time, as a share of one thread: 100% is one thread's whole window.",
+                threads_total: None,
+            },
+            // Pushed once traced continuously (not yet): on-demand windows only.
+            Self::Alloc => &TypeDescription {
+                name: "alloc",
+                aliases: &["allocs", "allocations"],
+                title: "allocations",
+                sample_types: &[
+                    ("alloc_objects", "count"),
+                    ("alloc_space", "bytes"),
+                    ("inuse_objects", "count"),
+                    ("inuse_space", "bytes"),
+                ],
+                default_sample_type: Some("alloc_space"),
+                period: Period::AllocationInterval,
+                scale: Scale::SampledBytes,
+                unit: Unit::Bytes,
+                views_count: ViewValue::Amount,
+                go_path: "/debug/pprof/allocs",
+                push: PushNames {
+                    pyroscope: None,
+                    parca: None,
+                },
+                explanation: "allocations are the bytes a traced process allocated in the window (estimated from samples), as a share of all it allocated.",
                 threads_total: None,
             },
         }
@@ -328,7 +444,7 @@ impl ProfileType {
         let kind = kind.describe();
         match self {
             Self::Wall => kind.in_wall,
-            Self::Cpu | Self::OffCpu => kind.profile == self,
+            Self::Cpu | Self::OffCpu | Self::Alloc => kind.profile == self,
         }
     }
 
@@ -349,8 +465,8 @@ impl ProfileType {
         }
     }
 
-    /// The pprof sample types, in value order: [count-like, amount].
-    pub fn sample_types(self) -> [ValueName; 2] {
+    /// The pprof sample types, in value order: [count-like, amount, ...].
+    pub fn sample_types(self) -> &'static [ValueName] {
         self.describe().sample_types
     }
 

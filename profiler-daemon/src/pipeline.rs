@@ -23,7 +23,11 @@ use crate::python::{
 use crate::{
     collect::{
         self, CollectError, DrainStatus, MapSizes, OpenFileStats, OpenFiles, ProcessNotice, ProcessWatcher,
-        RawBatch, Sampler, SamplerOptions, SnapshotReader, WatcherStats, metrics::CollectFigures,
+        RawBatch, Sampler, SamplerOptions, SnapshotReader, WatcherStats,
+        allocations::{
+            AllocCommand, AllocError, AllocationLimits, AllocationStats, AllocationTracer, TraceSummary,
+        },
+        metrics::CollectFigures,
         unwind_tables::UnwindStats,
     },
     store::{self, Store, StoreConfig, StoreHandle},
@@ -45,6 +49,8 @@ const LAG_WARNING: Duration = Duration::from_secs(10);
 #[derive(Clone, Debug)]
 pub struct PipelineOptions {
     pub sampler: SamplerOptions,
+    /// Bounds of allocation tracing.
+    pub allocations: AllocationLimits,
     pub drain_interval: Duration,
     pub store: StoreConfig,
     /// When not empty, only these processes are symbolized and stored (the
@@ -87,6 +93,15 @@ pub struct StoredDrain {
     pub time_ms: u64,
 }
 
+/// Why allocations could not be traced.
+#[derive(Debug, thiserror::Error)]
+pub enum TraceError {
+    #[error(transparent)]
+    Refused(AllocError),
+    #[error("the pipeline has stopped")]
+    Stopped,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum PipelineError {
     #[error(transparent)]
@@ -99,6 +114,8 @@ pub enum PipelineError {
 
 enum DrainCommand {
     Now(oneshot::Sender<u64>),
+    /// For the allocation tracer, which lives on the drain thread.
+    Allocations(AllocCommand),
     Stop,
 }
 
@@ -136,10 +153,22 @@ impl Pipeline {
         telemetry: &mut Telemetry,
     ) -> Result<Self, PipelineError> {
         let started_ms = crate::unix_now_ms();
-        let (sampler, drainer, events, unwind_maps) = Sampler::start(&options.sampler)?;
+        let (mut sampler, drainer, events, unwind_maps) = Sampler::start(&options.sampler)?;
         let cpus = sampler.cpus();
         let kinds = sampler.kinds();
-        let store = Store::new(options.store, options.sampler.frequency);
+        let tracer = sampler
+            .take_allocation_maps(options.sampler.alloc_sample_bytes, options.proc_root.clone())?
+            .map(|maps| {
+                let worker = WorkerConfig::this_binary(
+                    options.symbolizer.worker_memory_bytes,
+                    options.symbolizer.worker_deadline,
+                );
+                let reader = Box::new(symbolize::worker::WorkerClient::new(worker));
+                AllocationTracer::new(maps, options.proc_root.clone(), options.allocations, reader)
+            });
+        let allocation_stats = tracer.as_ref().map(|tracer| tracer.stats.clone());
+        let store = Store::new(options.store, options.sampler.frequency)
+            .with_alloc_interval(options.sampler.alloc_sample_bytes);
         let store_stats = store.shared_stats();
         let (store, store_task) = store::spawn(store);
         stages.watch_task("store", store_task);
@@ -197,12 +226,19 @@ impl Pipeline {
             )?);
         }
         let (interval, unwind) = (options.drain_interval, unwind_tx.zip(unwind_stats));
-        let drain = (sampler, drainer, drain_rx, symbolize_tx);
+        let drain = (sampler, drainer, drain_rx, symbolize_tx, tracer);
         threads.push(spawn(
             "drain",
             Box::new(move || {
-                let (sampler, drainer, commands, out) = drain;
-                drain_loop(sampler, drainer, interval, commands, out, unwind, &status_tx);
+                let (sampler, drainer, commands, out, tracer) = drain;
+                drain_loop(
+                    (sampler, drainer, tracer),
+                    interval,
+                    commands,
+                    out,
+                    unwind,
+                    &status_tx,
+                );
                 stop.store(true, Ordering::Relaxed);
             }),
         )?);
@@ -214,6 +250,7 @@ impl Pipeline {
             python: unwinding.python,
             prefetch: unwinding.prefetch,
             store: store_stats,
+            allocations: allocation_stats,
         }
         .register(telemetry, &status);
         Ok(Self {
@@ -243,6 +280,31 @@ impl Pipeline {
             .send(DrainCommand::Now(ack))
             .map_err(|_| PipelineError::Stopped)?;
         done.await.map_err(|_| PipelineError::Stopped)
+    }
+
+    /// Traces the allocations of `pid` until `until` (or [`Pipeline::end_allocations`]).
+    pub async fn trace_allocations(&self, pid: u32, until: Instant) -> Result<(), TraceError> {
+        let (reply, answer) = oneshot::channel();
+        self.drain_tx
+            .send(DrainCommand::Allocations(AllocCommand::Start {
+                pid,
+                until,
+                reply,
+            }))
+            .map_err(|_| TraceError::Stopped)?;
+        answer
+            .await
+            .map_err(|_| TraceError::Stopped)?
+            .map_err(TraceError::Refused)
+    }
+
+    /// Ends one reader's tracing of `pid`: what it counted.
+    pub async fn end_allocations(&self, pid: u32) -> Result<TraceSummary, PipelineError> {
+        let (reply, answer) = oneshot::channel();
+        self.drain_tx
+            .send(DrainCommand::Allocations(AllocCommand::End { pid, reply }))
+            .map_err(|_| PipelineError::Stopped)?;
+        answer.await.map_err(|_| PipelineError::Stopped)
     }
 
     pub fn store(&self) -> &StoreHandle {
@@ -302,6 +364,7 @@ struct StageFigures {
     python: Option<Arc<DetectionStats>>,
     prefetch: Option<Arc<PrefetchStats>>,
     store: Arc<store::metrics::SharedStats>,
+    allocations: Option<Arc<AllocationStats>>,
 }
 
 impl StageFigures {
@@ -317,6 +380,7 @@ impl StageFigures {
                 watcher: self.watcher,
                 open_files: self.open_files,
                 unwind: self.unwind,
+                allocations: self.allocations,
             },
         );
         let symbolized = status.clone();

@@ -174,7 +174,8 @@ fn profiles() -> impl Strategy<Value = Profile> {
         prop_oneof![
             Just(ProfileType::Cpu),
             Just(ProfileType::OffCpu),
-            Just(ProfileType::Wall)
+            Just(ProfileType::Wall),
+            Just(ProfileType::Alloc)
         ],
     )
         .prop_map(|(samples, start_ms, length, frequency, profile_type)| Profile {
@@ -183,6 +184,7 @@ fn profiles() -> impl Strategy<Value = Profile> {
                 end_ms: start_ms.saturating_add(length),
             },
             frequency,
+            alloc_interval: frequency,
             profile_type,
             samples,
         })

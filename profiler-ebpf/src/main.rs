@@ -7,10 +7,15 @@
 //! lands in a map while it is being read and cleared.
 #![no_std]
 #![no_main]
+// Atomic adds (BPF_ATOMIC) for counters several CPUs update: core's
+// atomic types have no read-modify-write on this target.
+#![allow(internal_features)]
+#![feature(core_intrinsics)]
 // Every unsafe block here talks to the kernel or dereferences a map pointer:
 // each must say why it is sound (scripts/test.sh lints with -D warnings).
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+mod alloc;
 mod off_cpu;
 mod process;
 mod python;
@@ -256,7 +261,12 @@ pub(crate) fn count<C: EbpfContext>(
 #[inline(always)]
 pub(crate) fn unwound_stack_id(walk: *mut Walk, stacks: &HashMap<u32, UnwoundStack>) -> i32 {
     // SAFETY: `walk` is this CPU's scratch entry, filled by the walk.
-    let stack = unsafe { &(*walk).stack };
+    stored_stack_id(unsafe { &(*walk).stack }, stacks)
+}
+
+/// As [`unwound_stack_id`], for a stack held anywhere (a map value).
+#[inline(always)]
+pub(crate) fn stored_stack_id(stack: &UnwoundStack, stacks: &HashMap<u32, UnwoundStack>) -> i32 {
     let id = (stack.hash as u32) & (SPILLED_STACK_ID_BASE - 1);
     for _ in 0..2 {
         // SAFETY: the value is only read (another CPU may insert, never change it).
@@ -351,6 +361,7 @@ pub fn on_exec(_ctx: RawTracePointContext) -> i32 {
     let _ = process::PROCESSES.remove(&tgid);
     let _ = UNWIND_PROCESSES.remove(&tgid);
     python::forget(tgid);
+    alloc::exec(tgid);
     0
 }
 
@@ -362,6 +373,7 @@ pub fn on_exit(_ctx: RawTracePointContext) -> i32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     off_cpu::thread_exited(pid_tgid as u32);
+    alloc::thread_exited(pid_tgid as u32);
     if pid_tgid as u32 != tgid {
         return 0;
     }

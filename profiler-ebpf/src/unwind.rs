@@ -68,7 +68,19 @@ struct StepContext {
 /// scratch is missing.
 #[inline(always)]
 pub fn walk_user_stack(registers: Option<(u64, u64, u64)>, tgid: u32) -> Option<*mut Walk> {
-    let walk = UNWIND_SCRATCH.get_ptr_mut(0)?;
+    walk_user_stack_in(UNWIND_SCRATCH.get_ptr_mut(0)?, registers, tgid, true)
+}
+
+/// [`walk_user_stack`] into another scratch (the allocation probes have
+/// their own, as the sampler can interrupt them); without CPython frames
+/// when `python_frames` is false.
+#[inline(always)]
+pub fn walk_user_stack_in(
+    walk: *mut Walk,
+    registers: Option<(u64, u64, u64)>,
+    tgid: u32,
+    python_frames: bool,
+) -> Option<*mut Walk> {
     let (ip, sp, bp) = registers?;
     if ip == 0 {
         return None;
@@ -78,7 +90,7 @@ pub fn walk_user_stack(registers: Option<(u64, u64, u64)>, tgid: u32) -> Option<
         unsafe { UNWIND_PROCESSES.get(&tgid) }.map_or(core::ptr::null(), |p| p as *const _);
     // Only a process the daemon marked as CPython costs a second lookup.
     // SAFETY: a non-null `process` is a live map value (see above).
-    let python = if !process.is_null() && unsafe { (*process).python } != 0 {
+    let python = if python_frames && !process.is_null() && unsafe { (*process).python } != 0 {
         python::process(tgid)
     } else {
         core::ptr::null()
@@ -86,7 +98,8 @@ pub fn walk_user_stack(registers: Option<(u64, u64, u64)>, tgid: u32) -> Option<
     // SAFETY: `walk` points at this CPU's scratch entry, which nothing else
     // touches while this program runs: the perf_event program does not nest
     // on a CPU, and the sched_switch one runs with interrupts off, so the
-    // sampler cannot interrupt it.
+    // sampler cannot interrupt it; the allocation probes, which it can
+    // interrupt, walk in a scratch of their own that they guard.
     unsafe {
         (*walk).ip = ip;
         (*walk).sp = sp;

@@ -17,6 +17,7 @@ pub struct Section {
 
 const SHF_ALLOC: u64 = 2;
 const SHT_SYMTAB: u32 = 2;
+const SHT_DYNSYM: u32 = 11;
 
 fn u16_at(data: &[u8], at: usize) -> u16 {
     u16::from_le_bytes(data[at..at + 2].try_into().expect("2 bytes"))
@@ -80,17 +81,35 @@ pub fn function_file_offset(image: &[u8], name: &str) -> u64 {
         .iter()
         .find(|section| section.kind == SHT_SYMTAB)
         .expect("a .symtab (the binary is not stripped)");
-    let strings = &all[symtab.link as usize];
-    let value = (0..symtab.size / 24)
-        .map(|index| symtab.offset + index * 24)
+    symbol_file_offset(image, &all, symtab, name).unwrap_or_else(|| panic!("no symbol {name}"))
+}
+
+/// The file offset of the code of function `name` exported by a shared
+/// library (from .dynsym, which stripping keeps), if it exports it.
+pub fn dynamic_function_file_offset(image: &[u8], name: &str) -> Option<u64> {
+    let all = sections(image);
+    let dynsym = all
+        .iter()
+        .find(|section| section.kind == SHT_DYNSYM)
+        .expect("a .dynsym (the file is a shared library)");
+    symbol_file_offset(image, &all, dynsym, name)
+}
+
+/// `name`'s file offset, from the symbol table `table`: its value (a
+/// defined symbol's) mapped through the allocated section that holds it.
+fn symbol_file_offset(image: &[u8], all: &[Section], table: &Section, name: &str) -> Option<u64> {
+    let strings = &all[table.link as usize];
+    let value = (0..table.size / 24)
+        .map(|index| table.offset + index * 24)
+        // st_shndx 0: an undefined symbol (an import), not this file's code.
+        .filter(|&at| u16_at(image, at + 6) != 0)
         .find(|&at| c_string(image, strings.offset + u32_at(image, at) as usize) == name)
-        .map(|at| u64_at(image, at + 8))
-        .unwrap_or_else(|| panic!("no symbol {name}"));
+        .map(|at| u64_at(image, at + 8))?;
     let holder = all
         .iter()
         .find(|s| s.flags & SHF_ALLOC != 0 && (s.addr..s.addr + s.size as u64).contains(&value))
         .unwrap_or_else(|| panic!("no section holds {name} at {value:#x}"));
-    value - holder.addr + holder.offset as u64
+    Some(value - holder.addr + holder.offset as u64)
 }
 
 fn uleb(data: &[u8], at: &mut usize) -> u64 {

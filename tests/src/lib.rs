@@ -1,6 +1,7 @@
 //! Test harness: runs real workloads under the real profilerd binary and reads
 //! what it wrote. Everything here panics with a message saying what was expected.
 
+pub mod allocations;
 pub mod attacker;
 pub mod capture;
 pub mod cgroup;

@@ -317,13 +317,14 @@ impl Origin {
     }
 }
 
-struct Opened {
-    fd: OwnedFd,
-    key: FileKey,
-    version: FileVersion,
+pub(crate) struct Opened {
+    pub fd: OwnedFd,
+    pub key: FileKey,
+    pub version: FileVersion,
 }
 
-fn open_mapped(proc: &ProcRoot, pid: u32, line: &MapsLine<'_>) -> Result<Opened, Refusal> {
+/// Opens the file of one mapping of `pid` (see the module's comment).
+pub(crate) fn open_mapped(proc: &ProcRoot, pid: u32, line: &MapsLine<'_>) -> Result<Opened, Refusal> {
     // The kernel's link to the very file mapped, even if deleted, replaced
     // or in another mount namespace; the path is never consulted.
     let link = proc.file(pid, &format!("map_files/{:x}-{:x}", line.start, line.end));

@@ -56,6 +56,8 @@ pub struct CollectFigures {
     pub open_files: Arc<OpenFileStats>,
     /// `--unwind auto` only.
     pub unwind: Option<Arc<UnwindStats>>,
+    /// Allocation tracing (`--unwind auto` only).
+    pub allocations: Option<Arc<crate::collect::allocations::AllocationStats>>,
 }
 
 /// Registers the collect stage's collector.
@@ -72,6 +74,9 @@ impl Collector for CollectMetrics {
         let status = figures.drain.get();
         let out = &mut encoder;
         encode_sampler(out, &status.bpf)?;
+        if let Some(allocations) = &figures.allocations {
+            encode_allocations(out, allocations)?;
+        }
         encode_drains(out, &status, figures.map_sizes)?;
         counter(
             out,
@@ -249,5 +254,37 @@ fn encode_python_walks(out: &mut DescriptorEncoder, bpf: &BpfCounters) -> fmt::R
         "python_frames",
         "Python frames the sampler recorded",
         bpf.get(BpfCounter::PythonFrames),
+    )
+}
+
+/// Allocation tracing: windows started and refused, processes cut off at
+/// their budget, processes traced now.
+fn encode_allocations(
+    out: &mut DescriptorEncoder,
+    stats: &crate::collect::allocations::AllocationStats,
+) -> fmt::Result {
+    counter(
+        out,
+        "alloc_traces_started",
+        "Processes whose allocations began to be traced",
+        stats.started.load(Relaxed),
+    )?;
+    counter(
+        out,
+        "alloc_traces_refused",
+        "Requests to trace a process's allocations that were refused (the answer said why)",
+        stats.refused.load(Relaxed),
+    )?;
+    counter(
+        out,
+        "alloc_traces_over_budget",
+        "Tracings stopped because the probes cost the process more than its budget",
+        stats.over_budget.load(Relaxed),
+    )?;
+    gauge(
+        out,
+        "alloc_traced_processes",
+        "Processes whose allocations are traced now",
+        i64::try_from(stats.traced_now.load(Relaxed)).unwrap_or(i64::MAX),
     )
 }

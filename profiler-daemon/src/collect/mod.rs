@@ -6,6 +6,7 @@
 //! [`unwind_tables::TableManager`] loads the CFI tables the sampler's own
 //! user-stack walk reads. [`metrics`] registers what they count.
 
+pub mod allocations;
 mod batch;
 mod btf;
 mod clock;
@@ -30,7 +31,9 @@ pub use proc_maps::{MapsLine, parse_maps_line};
 pub use process_snapshot::{MAX_FILES_PER_PROCESS, ProcessSnapshot, SnapshotMapping, SnapshotReader};
 pub use raw::{BpfCounters, RawBatch, RawSample};
 pub use readable::{ReadableBy, readable_by, readable_by_status};
-pub use sampler::{MapSizes, OffCpuOptions, Sampler, SamplerOptions, UnwindMaps, UnwindMode};
+pub use sampler::{
+    DEFAULT_ALLOC_SAMPLE_BYTES, MapSizes, OffCpuOptions, Sampler, SamplerOptions, UnwindMaps, UnwindMode,
+};
 pub use watcher::{ProcessNotice, ProcessWatcher, WatcherStats};
 
 /// Errors from loading, attaching or reading the BPF side.

@@ -20,7 +20,7 @@ use aya::{
 use profiler_common::{maps, programs};
 
 pub use handles::UnwindMaps;
-pub use options::{MapSizes, OffCpuOptions, SamplerOptions, UnwindMode};
+pub use options::{DEFAULT_ALLOC_SAMPLE_BYTES, MapSizes, OffCpuOptions, SamplerOptions, UnwindMode};
 
 use super::{CollectError, Drainer};
 use crate::{
@@ -96,6 +96,7 @@ impl Sampler {
             kinds: KindSet::produced_by(|source| match source {
                 Source::CpuClock => true,
                 Source::SchedSwitch => plan.off_cpu,
+                Source::AllocatorProbes => plan.tables,
             }),
         };
         Ok((sampler, drainer, events, unwind))
@@ -117,6 +118,24 @@ impl Sampler {
         if let Some(logger) = &mut self.logger {
             logger.flush();
         }
+    }
+
+    /// The loaded object: the allocation tracer attaches its programs.
+    pub fn ebpf_mut(&mut self) -> &mut Ebpf {
+        &mut self.ebpf
+    }
+
+    /// The allocation probes' maps, when their programs can run here
+    /// (table unwinding); taken once.
+    pub fn take_allocation_maps(
+        &mut self,
+        interval: u64,
+        proc_root: crate::procfs::ProcRoot,
+    ) -> Result<Option<super::allocations::AllocationMaps>, CollectError> {
+        if !self.kinds.contains(crate::kind::SampleKind::Alloc) {
+            return Ok(None);
+        }
+        super::allocations::AllocationMaps::take(&mut self.ebpf, interval, proc_root).map(Some)
     }
 
     /// Ids of the loaded programs (for tests and diagnostics).

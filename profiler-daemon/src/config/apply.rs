@@ -135,6 +135,21 @@ impl Config {
             self.off_cpu_min_us,
             "off_cpu_min_us",
         );
+        from_file.set(
+            &mut sampling.alloc_sample_bytes,
+            self.alloc_sample_bytes,
+            "alloc_sample_bytes",
+        );
+        from_file.set(
+            &mut sampling.alloc_max_processes,
+            self.alloc_max_processes,
+            "alloc_max_processes",
+        );
+        from_file.set(
+            &mut sampling.alloc_budget_percent,
+            self.alloc_budget_percent,
+            "alloc_budget_percent",
+        );
     }
 
     fn apply_access(&self, args: &mut DaemonArgs, from_file: &FromFile) {

@@ -16,7 +16,12 @@ fn types_parse_their_names_and_aliases_and_include_their_kinds() {
     assert!(
         ProfileType::Wall.includes(SampleKind::Cpu) && ProfileType::Wall.includes(SampleKind::OffCpuBlocked)
     );
-    assert_eq!(ProfileType::accepted(), "cpu, offcpu or wall");
+    assert!(
+        ProfileType::Alloc.includes(SampleKind::Alloc) && ProfileType::Alloc.includes(SampleKind::AllocFreed)
+    );
+    assert!(!ProfileType::Wall.includes(SampleKind::Alloc));
+    assert_eq!(ProfileType::parse("allocs"), Some(ProfileType::Alloc));
+    assert_eq!(ProfileType::accepted(), "cpu, offcpu, wall or alloc");
 }
 
 #[test]

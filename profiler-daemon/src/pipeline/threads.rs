@@ -17,6 +17,7 @@ use super::{DrainCommand, LAG_WARNING, PipelineStatus, StoredDrain, SymbolizeInp
 use crate::{
     collect::{
         Drainer, MapEntries, ProcessNotice, ProcessWatcher, Sampler,
+        allocations::{AllocCommand, AllocError, AllocationTracer, TraceSummary},
         unwind_tables::{SampledStacks, UnwindInput, UnwindStats},
     },
     error::Chain,
@@ -26,8 +27,7 @@ use crate::{
 };
 
 pub(super) fn drain_loop(
-    mut sampler: Sampler,
-    mut drainer: Drainer,
+    (mut sampler, mut drainer, mut tracer): (Sampler, Drainer, Option<AllocationTracer>),
     interval: Duration,
     commands: mpsc::Receiver<DrainCommand>,
     out: mpsc::SyncSender<SymbolizeInput>,
@@ -46,12 +46,24 @@ pub(super) fn drain_loop(
                 while let Ok(command) = commands.try_recv() {
                     match command {
                         DrainCommand::Now(ack) => acks.push(ack),
+                        DrainCommand::Allocations(command) => allocations(&mut tracer, &mut sampler, command),
                         DrainCommand::Stop => stop = true,
                     }
                 }
             }
+            Ok(DrainCommand::Allocations(command)) => {
+                allocations(&mut tracer, &mut sampler, command);
+                continue;
+            }
             Ok(DrainCommand::Stop) | Err(RecvTimeoutError::Disconnected) => stop = true,
             Err(RecvTimeoutError::Timeout) => next += interval,
+        }
+        if let Some(tracer) = &mut tracer {
+            if stop {
+                tracer.end_all(sampler.ebpf_mut());
+            } else {
+                tracer.tick(sampler.ebpf_mut());
+            }
         }
         if Instant::now() > next {
             // Fell behind (e.g. suspended): skip missed ticks rather than burst.
@@ -96,6 +108,20 @@ pub(super) fn drain_loop(
             // Dropping the sampler detaches every program.
             drop(sampler);
             return;
+        }
+    }
+}
+
+/// Hands a command to the allocation tracer; without one (frame-pointer
+/// unwinding), a start is refused and an end has nothing to say.
+fn allocations(tracer: &mut Option<AllocationTracer>, sampler: &mut Sampler, command: AllocCommand) {
+    match (tracer, command) {
+        (Some(tracer), command) => tracer.handle(sampler.ebpf_mut(), command),
+        (None, AllocCommand::Start { reply, .. }) => {
+            let _ = reply.send(Err(AllocError::Unavailable));
+        }
+        (None, AllocCommand::End { reply, .. }) => {
+            let _ = reply.send(TraceSummary::default());
         }
     }
 }

@@ -102,6 +102,7 @@ mod tests {
         let mut profile = Profile {
             window: Window::ALL,
             frequency: 99,
+            alloc_interval: 0,
             profile_type: ProfileType::Cpu,
             samples: vec![sample(7, 3), sample(8, 4)],
         };

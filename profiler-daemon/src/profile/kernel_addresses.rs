@@ -129,6 +129,7 @@ mod tests {
         let mut profile = Profile {
             window: Window::ALL,
             frequency: 99,
+            alloc_interval: 0,
             profile_type: ProfileType::Cpu,
             samples: vec![sample(&mixed), sample(&mixed), sample(&user_only)],
         };

@@ -22,8 +22,13 @@ use std::io::Write;
 use flate2::{Compression, write::GzEncoder};
 use prost::Message;
 
+use std::{collections::HashMap, sync::Arc};
+
 use super::Profile;
-use crate::{kind::Period, symbolize::SymbolizedSample};
+use crate::{
+    kind::{Period, Value},
+    symbolize::SymbolizedSample,
+};
 use builder::Builder;
 
 const NANOS_PER_SECOND: u64 = 1_000_000_000;
@@ -81,19 +86,30 @@ pub fn build_with(profile: &Profile, labels: SampleLabels) -> proto::Profile {
     if let Some(executable) = executable(profile) {
         builder.mapping(executable);
     }
-    let [count_type, time_type] =
-        profile
-            .profile_type
-            .sample_types()
-            .map(|(r#type, unit)| proto::ValueType {
-                r#type: builder.string(r#type),
-                unit: builder.string(unit),
-            });
-    let period = match profile.profile_type.describe().period {
-        Period::SamplingInterval => period_nanos(profile.frequency),
-        Period::One => 1,
+    let description = profile.profile_type.describe();
+    let sample_type: Vec<proto::ValueType> = description
+        .sample_types
+        .iter()
+        .map(|&(r#type, unit)| proto::ValueType {
+            r#type: builder.string(r#type),
+            unit: builder.string(unit),
+        })
+        .collect();
+    let (period_type, period) = match description.period {
+        Period::SamplingInterval => (sample_type[1], period_nanos(profile.frequency)),
+        Period::One => (sample_type[1], 1),
+        Period::AllocationInterval => (
+            proto::ValueType {
+                r#type: builder.string("space"),
+                unit: builder.string("bytes"),
+            },
+            to_i64(profile.alloc_interval.max(1)),
+        ),
     };
-    let sample_type = vec![count_type, time_type];
+    let default_sample_type = description
+        .default_sample_type
+        .map_or(0, |name| builder.string(name));
+    let columns = sample_type.len();
     let keys = LabelKeys {
         pid: builder.string("pid"),
         comm: builder.string("comm"),
@@ -103,13 +119,13 @@ pub fn build_with(profile: &Profile, labels: SampleLabels) -> proto::Profile {
 
     // Grouped by process and thread so a process's mappings get neighbouring
     // ids; stable, so equal inputs give equal outputs.
-    let mut order: Vec<_> = profile.samples.iter().collect();
-    order.sort_by_key(|sample| (sample.pid, sample.tid));
+    let mut order = merged(profile);
+    order.sort_by_key(|(sample, _)| (sample.pid, sample.tid));
     let mut samples = Vec::with_capacity(order.len());
-    for sample in order {
+    for (sample, values) in order {
+        let values = profile.scaled(values);
         let location_id = builder.stack(&sample.stack);
-        let count = to_i64(sample.count);
-        let label = match labels {
+        let mut label = match labels {
             SampleLabels::All => all_labels(&mut builder, &keys, sample),
             SampleLabels::Process => vec![
                 builder.number_label(keys.pid, sample.pid),
@@ -117,10 +133,20 @@ pub fn build_with(profile: &Profile, labels: SampleLabels) -> proto::Profile {
             ],
             SampleLabels::None => Vec::new(),
         };
+        if description.scale == crate::kind::Scale::SampledBytes && values[0] > 0 {
+            // Go's heap profiles: the average block size of the sample.
+            label.push(proto::Label {
+                key: builder.string("bytes"),
+                num: values[1] / values[0],
+                num_unit: builder.string("bytes"),
+                ..proto::Label::default()
+            });
+        }
         samples.push(proto::Sample {
             location_id,
-            // Measured time (CPU time, or the time waited), not count × period.
-            value: vec![count, to_i64(sample.amount)],
+            // Measured time (CPU time, or the time waited), not count × period;
+            // what a free takes away from in-use never goes below nothing.
+            value: values[..columns].iter().map(|&value| value.max(0)).collect(),
             label,
         });
     }
@@ -136,10 +162,67 @@ pub fn build_with(profile: &Profile, labels: SampleLabels) -> proto::Profile {
         // Window times are Unix milliseconds (the store's buckets are drains).
         time_nanos: to_i64(window.start_ms.saturating_mul(1_000_000)),
         duration_nanos: to_i64(window.duration_ms().saturating_mul(1_000_000)),
-        period_type: Some(time_type),
+        period_type: Some(period_type),
         period,
+        default_sample_type,
         ..proto::Profile::default()
     }
+}
+
+/// The profile's samples with their recorded values: those of one stack
+/// and thread that the type nets (an allocation's frees) as one.
+fn merged(profile: &Profile) -> Vec<(&SymbolizedSample, [i64; super::MAX_VALUES])> {
+    let nets = profile.profile_type.kinds().any(|kind| {
+        kind.describe()
+            .values
+            .iter()
+            .any(|value| matches!(value, Value::LessCount | Value::LessAmount))
+    });
+    if !nets {
+        return profile
+            .samples
+            .iter()
+            .map(|sample| (sample, profile.raw_values(sample)))
+            .collect();
+    }
+    let mut index: HashMap<NetKey<'_>, usize> = HashMap::new();
+    let mut merged: Vec<(&SymbolizedSample, [i64; super::MAX_VALUES])> = Vec::new();
+    for sample in &profile.samples {
+        let key = NetKey {
+            stack: Arc::as_ptr(&sample.stack),
+            pid: sample.pid,
+            tid: sample.tid,
+            comm: &sample.comm,
+            thread_name: &sample.thread_name,
+            cgroup: sample.cgroup.as_ref().map(|cgroup| &*cgroup.path),
+            ns_pid: sample.ns_pid,
+        };
+        let values = profile.raw_values(sample);
+        match index.get(&key) {
+            Some(&at) => {
+                for (total, value) in merged[at].1.iter_mut().zip(values) {
+                    *total += value;
+                }
+            }
+            None => {
+                index.insert(key, merged.len());
+                merged.push((sample, values));
+            }
+        }
+    }
+    merged
+}
+
+/// What makes samples one in a netted profile: all but their kind.
+#[derive(PartialEq, Eq, Hash)]
+struct NetKey<'a> {
+    stack: *const crate::symbolize::SymbolizedStack,
+    pid: u32,
+    tid: u32,
+    comm: &'a str,
+    thread_name: &'a str,
+    cgroup: Option<&'a str>,
+    ns_pid: Option<u32>,
 }
 
 /// The executable of a profile of one program (every sample of one process

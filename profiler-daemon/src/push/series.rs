@@ -86,6 +86,7 @@ pub fn split(profile: &Profile, labels: SampleLabels) -> Vec<Series> {
             profile: Profile {
                 window: profile.window,
                 frequency: profile.frequency,
+                alloc_interval: profile.alloc_interval,
                 profile_type: profile.profile_type,
                 samples: merged.into_samples(),
             },

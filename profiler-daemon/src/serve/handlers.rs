@@ -9,17 +9,16 @@ use axum::{
     response::{IntoResponse, Response},
     routing::{MethodRouter, get},
 };
-use tokio::sync::watch;
 
 use super::{
     HttpError, ServeState,
     access::{Scope, Viewer},
     params::{self, ParamError},
-    recent::{process_runs, recent},
+    recent::{process_runs, recent, stopping},
     scrape::{Format, key::ShareKey},
 };
 use crate::{
-    kind::{ProfileType, listed},
+    kind::{ProfileType, Source, listed},
     profile::Window,
 };
 
@@ -78,6 +77,13 @@ async fn go_typed(
     {
         return Err(HttpError::new(StatusCode::NOT_FOUND, reason));
     }
+    // Probes attached for the window: only processes asked for, by pid.
+    if profile_type
+        .kinds()
+        .any(|kind| kind.source() == Source::AllocatorProbes)
+    {
+        return super::allocations::traced_window(state, scope, params, profile_type).await;
+    }
     let after_ms = state.scrapes.drained(&state.pipeline).await?;
     super::cgroup_filter::resolve(&state, &mut params.filter, visible).await?;
     tokio::select! {
@@ -118,14 +124,6 @@ pub(super) async fn not_found(uri: Uri) -> HttpError {
             params::Quoted::new(uri.path())
         ),
     )
-}
-
-/// Resolves once the server is shutting down.
-async fn stopping(mut stopping: watch::Receiver<bool>) {
-    if stopping.wait_for(|&stop| stop).await.is_err() && !*stopping.borrow() {
-        // No server owns the sender (a router used on its own): never stops.
-        std::future::pending::<()>().await;
-    }
 }
 
 impl From<ParamError> for HttpError {

@@ -19,6 +19,7 @@
 
 mod accept;
 pub mod access;
+mod allocations;
 mod cgroup_filter;
 pub mod connections;
 mod handlers;

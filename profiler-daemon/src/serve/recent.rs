@@ -13,6 +13,8 @@ use super::{
     params::{self, Limits, ProfileParams, Span},
     scrape::{Format, key::ShareKey},
 };
+use tokio::sync::watch;
+
 use crate::{kind::ProfileType, procfs::ProcRoot, profile::Window, store::Visible};
 
 /// Largest pid + 1 on 64-bit Linux (PID_MAX_LIMIT), if pid_max cannot be read.
@@ -119,4 +121,12 @@ fn read_pid_max() -> u32 {
         .ok()
         .and_then(|text| text.trim().parse().ok())
         .unwrap_or(PID_MAX_LIMIT)
+}
+
+/// Resolves once the server is shutting down.
+pub(super) async fn stopping(mut stopping: watch::Receiver<bool>) {
+    if stopping.wait_for(|&stop| stop).await.is_err() && !*stopping.borrow() {
+        // No server owns the sender (a router used on its own): never stops.
+        std::future::pending::<()>().await;
+    }
 }

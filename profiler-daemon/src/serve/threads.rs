@@ -247,6 +247,7 @@ mod tests {
                 end_ms: 6_000,
             },
             frequency: 99,
+            alloc_interval: 0,
             profile_type: crate::kind::ProfileType::Wall,
             samples: vec![
                 sample(Cpu, 1, 1, "main", 1, 10),
@@ -304,9 +305,10 @@ mod tests {
             json["threads"][0],
             serde_json::json!({
                 "tid": 1, "thread_name": "main", "cpu_ns": 10, "samples": 1,
-                "off_cpu_ns": 9_000, "off_cpu_blocked_ns": 9_000, "off_cpu_runnable_ns": 0
+                "off_cpu_ns": 9_000, "off_cpu_blocked_ns": 9_000, "off_cpu_runnable_ns": 0,
+                "allocs": 0, "alloc_bytes": 0, "frees": 0, "freed_bytes": 0
             }),
-            "flat fields, off-CPU ones always present"
+            "flat fields, off-CPU and allocation ones always present"
         );
         assert_eq!(
             (json["cpu_ns"].as_u64(), json["off_cpu_ns"].as_u64()),

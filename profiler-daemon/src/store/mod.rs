@@ -127,6 +127,7 @@ impl Bucket {
 pub struct Store {
     config: StoreConfig,
     frequency: u64,
+    alloc_interval: u64,
     buckets: VecDeque<Bucket>,
     stacks: StackTable,
     entry_count: usize,
@@ -143,6 +144,7 @@ impl Store {
         Self {
             config,
             frequency,
+            alloc_interval: 0,
             buckets: VecDeque::new(),
             stacks: StackTable::default(),
             entry_count: 0,
@@ -151,6 +153,13 @@ impl Store {
             stats: StoreStats::default(),
             shared: Arc::default(),
         }
+    }
+
+    /// The allocation probes' sampling interval, which allocation profiles
+    /// are scaled by.
+    pub fn with_alloc_interval(mut self, bytes: u64) -> Self {
+        self.alloc_interval = bytes;
+        self
     }
 
     pub fn config(&self) -> StoreConfig {
@@ -312,6 +321,7 @@ impl Store {
         Profile {
             window,
             frequency: self.frequency,
+            alloc_interval: self.alloc_interval,
             profile_type: query.profile_type,
             samples,
         }

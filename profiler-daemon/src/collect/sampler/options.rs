@@ -58,7 +58,12 @@ pub struct SamplerOptions {
     pub off_cpu: OffCpuOptions,
     /// Walk CPython frames (auto mode only).
     pub python_frames: bool,
+    /// Mean bytes between sampled allocations of traced processes (0: every one).
+    pub alloc_sample_bytes: u64,
 }
+
+/// Go's, jemalloc's default: one sample per 512 KiB allocated, on average.
+pub const DEFAULT_ALLOC_SAMPLE_BYTES: u64 = 512 * 1024;
 
 impl SamplerOptions {
     /// Turns on the program of `source` (`record --type` asks for what its
@@ -67,6 +72,8 @@ impl SamplerOptions {
         match source {
             Source::CpuClock => {}
             Source::SchedSwitch => self.off_cpu.enabled = true,
+            // Attached per process on request; loadable with tables.
+            Source::AllocatorProbes => {}
         }
     }
 }

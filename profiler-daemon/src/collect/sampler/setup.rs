@@ -50,6 +50,7 @@ pub(super) struct Globals {
     period_ns: u64,
     attach_ns: u64,
     unwind_mode: u64,
+    alloc_interval: u64,
 }
 
 impl Globals {
@@ -66,6 +67,7 @@ impl Globals {
             } else {
                 unwind_mode::FRAME_POINTERS
             },
+            alloc_interval: options.alloc_sample_bytes,
         }
     }
 }
@@ -108,7 +110,8 @@ pub(super) fn configure<'a>(
         .override_global(globals::OFF_CPU_SAMPLE_EVERY, &plan.sample_every, true)
         .override_global(globals::OFF_CPU_MIN_NS, &plan.off_cpu_min_ns, true)
         .override_global(globals::TASK_FSBASE_OFFSET, &globals.fsbase_offset, true)
-        .override_global(globals::UNWIND_MODE, &globals.unwind_mode, true);
+        .override_global(globals::UNWIND_MODE, &globals.unwind_mode, true)
+        .override_global(globals::ALLOC_INTERVAL, &globals.alloc_interval, true);
     if !plan.off_cpu {
         loader.map_max_entries(maps::OFF_CPU_WAITS, 1);
     }
@@ -145,6 +148,12 @@ fn configure_walk(loader: &mut EbpfLoader, options: &SamplerOptions, plan: &Plan
     if !plan.tables {
         loader.map_max_entries(maps::UNWIND_TABLES, 1);
         loader.map_max_entries(maps::UNWIND_PROCESSES, 1);
+    }
+    if !plan.tables {
+        // Allocation stacks are walked with the tables: no probes without them.
+        for name in [maps::ALLOC_BLOCKS, maps::ALLOC_STACKS, maps::ALLOC_THREADS] {
+            loader.map_max_entries(name, 1);
+        }
     }
     if !plan.python {
         loader.map_max_entries(maps::PYTHON_PROCESSES, 1);

@@ -48,6 +48,7 @@ fn profile(samples: &[(&str, &[(&str, FrameKind)])]) -> Profile {
             end_ms: 1_795_348_810_000,
         },
         frequency: 99,
+        alloc_interval: 0,
         profile_type: ProfileType::Cpu,
         samples,
     }
@@ -78,6 +79,7 @@ fn an_empty_profile_is_still_an_svg_with_an_escaped_title() {
     let profile = Profile {
         window: Window::ALL,
         frequency: 99,
+        alloc_interval: 0,
         profile_type: ProfileType::Cpu,
         samples: Vec::new(),
     };

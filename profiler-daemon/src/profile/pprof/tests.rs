@@ -122,6 +122,7 @@ pub(super) fn fixture() -> Profile {
             end_ms: 110_000,
         },
         frequency: 99,
+        alloc_interval: 0,
         profile_type: ProfileType::Cpu,
         samples: vec![
             sample(42, 43, "busy", &first, 5),
@@ -318,6 +319,7 @@ fn an_empty_window_is_still_a_valid_non_empty_profile() {
             end_ms: 8_000,
         },
         frequency: 99,
+        alloc_interval: 0,
         profile_type: ProfileType::Cpu,
         samples: Vec::new(),
     };
@@ -336,6 +338,7 @@ fn extreme_windows_and_frequencies_saturate_instead_of_overflowing() {
     let profile = Profile {
         window: Window::ALL,
         frequency: 0,
+        alloc_interval: 0,
         profile_type: ProfileType::Cpu,
         samples: Vec::new(),
     };

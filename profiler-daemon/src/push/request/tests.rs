@@ -50,6 +50,7 @@ fn window_profile() -> Profile {
             end_ms: 1_700_000_015_001,
         },
         frequency: 99,
+        alloc_interval: 0,
         profile_type: ProfileType::Cpu,
         samples: vec![
             sample(10, 10, "app", &hot, 30),

@@ -57,6 +57,7 @@ fn profile(samples: Vec<SymbolizedSample>) -> Profile {
             end_ms: 16_000,
         },
         frequency: 99,
+        alloc_interval: 0,
         profile_type: ProfileType::Cpu,
         samples,
     }

@@ -13,6 +13,7 @@ fn profile(comm: &str, thread_name: &str) -> Profile {
             end_ms: 1_795_348_810_000,
         },
         frequency: 99,
+        alloc_interval: 0,
         profile_type: ProfileType::Cpu,
         samples: vec![SymbolizedSample {
             kind: crate::kind::SampleKind::Cpu,

@@ -283,7 +283,7 @@ fn type_selects_the_profile_and_names_the_accepted_values() {
         assert_eq!(
             message(pprof(&format!("type={bad}"))),
             format!(
-                "type: {:?} is not accepted; expected a profile type: cpu, offcpu or wall",
+                "type: {:?} is not accepted; expected a profile type: cpu, offcpu, wall or alloc",
                 bad.replace("%0A", "\n")
             ),
             "{bad}"

@@ -184,6 +184,7 @@ mod tests {
         Profile {
             window: Window::ALL,
             frequency: 99,
+            alloc_interval: 0,
             profile_type: ProfileType::Cpu,
             samples: stacks
                 .iter()

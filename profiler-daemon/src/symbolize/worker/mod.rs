@@ -11,6 +11,8 @@
 //! its deadline is killed and restarted; a file that brings it down twice is
 //! quarantined: its frames stay `[unknown] file+0xoffset`.
 
+mod allocator_client;
+mod allocator_elf;
 mod debug_file;
 mod protocol;
 mod python_elf;
@@ -41,6 +43,7 @@ use nix::{
 use prost::Message as _;
 
 use crate::error::Chain;
+pub use allocator_client::AllocatorError;
 pub use protocol::{FileIdentity, LoadSegment, MAX_TABLE_ROWS, PythonSymbols, Response, SymbolLine, Symbols};
 use protocol::{MAX_RESPONSE_BYTES, ProtocolError, Request};
 pub use unwind_client::{FileUnwindTable, UnwindTableError};
@@ -188,6 +191,7 @@ impl WorkerClient {
             file: Some(identity),
             offsets: offsets.to_vec(),
             unwind_table: false,
+            allocator: false,
         };
         self.supervised(fd, &request, self.config.deadline, |response| {
             if response.error.is_empty() && response.symbols.len() != offsets.len() {

@@ -40,6 +40,9 @@ pub struct Request {
     /// Compile the file's unwind table instead (`offsets` is then empty).
     #[prost(bool, tag = "3")]
     pub unwind_table: bool,
+    /// Find the file's allocator entry points instead (`offsets` is then empty).
+    #[prost(bool, tag = "4")]
+    pub allocator: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash, prost::Message)]
@@ -76,6 +79,29 @@ pub struct Response {
     /// The answer to an unwind-table request (absent when `error` says why not).
     #[prost(message, optional, tag = "6")]
     pub unwind_table: Option<UnwindTable>,
+    /// The answer to an allocator request.
+    #[prost(message, optional, tag = "7")]
+    pub allocator: Option<AllocatorSymbols>,
+}
+
+/// A file's allocator entry points, as the worker says they are: the
+/// daemon keeps only names it knows and offsets within the file.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct AllocatorSymbols {
+    /// The file is a Go program.
+    #[prost(bool, tag = "1")]
+    pub go: bool,
+    #[prost(message, repeated, tag = "2")]
+    pub symbols: Vec<AllocatorSymbol>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct AllocatorSymbol {
+    #[prost(string, tag = "1")]
+    pub name: String,
+    /// Where its code starts in the file: the uprobe's offset.
+    #[prost(uint64, tag = "2")]
+    pub file_offset: u64,
 }
 
 /// The functions at one address, innermost (inlined) first; empty: unknown.

@@ -72,7 +72,7 @@ pub(super) fn python_symbols<'d, R: ReadRef<'d>>(
 }
 
 /// The file offset of a virtual address, through the segment holding it.
-fn file_offset(vaddr: u64, segments: &[LoadSegment]) -> Option<u64> {
+pub(super) fn file_offset(vaddr: u64, segments: &[LoadSegment]) -> Option<u64> {
     segments.iter().find_map(|segment| {
         let within = vaddr.checked_sub(segment.vaddr)?;
         (within.checked_add(4)? <= segment.file_size).then(|| segment.file_offset.checked_add(within))?

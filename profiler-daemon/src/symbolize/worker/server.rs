@@ -26,6 +26,7 @@ use super::protocol::{
     Symbols,
 };
 use super::{
+    allocator_elf,
     debug_file::{SYSTEM_DEBUG_DIR, system_debug_file},
     unwind_elf,
 };
@@ -95,6 +96,15 @@ impl Worker {
     }
 
     fn handle(&mut self, request: &Request, fd: OwnedFd) -> Response {
+        if request.allocator {
+            return match allocator_elf::allocator_symbols(&fd) {
+                Ok(symbols) => Response {
+                    allocator: Some(symbols),
+                    ..Response::default()
+                },
+                Err(err) => error_response(&err),
+            };
+        }
         if request.unwind_table {
             // Compiled once per file by the daemon's cache: not kept here.
             return match unwind_elf::unwind_table(&fd) {
@@ -139,6 +149,7 @@ impl Worker {
             debug_link_refused: info.debug_link,
             debug_file_used: info.debug_file.is_some(),
             unwind_table: None,
+            allocator: None,
         };
         let mut resolved = if wanted.is_empty() {
             Vec::new().into_iter()

@@ -66,6 +66,7 @@ impl WorkerClient {
             file: Some(identity),
             offsets: Vec::new(),
             unwind_table: true,
+            allocator: false,
         };
         let answer = self.supervised(fd, &request, self.config.table_deadline, |response| {
             if !response.error.is_empty() {

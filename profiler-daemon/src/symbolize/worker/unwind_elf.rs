@@ -92,7 +92,10 @@ pub(super) fn unwind_table(fd: &OwnedFd) -> Result<(UnwindTable, Vec<u8>), Strin
 
 /// The PT_LOAD segments (for the daemon's bias), and the address ranges of
 /// the executable ones (the only code an FDE may describe).
-fn load_segments(header: &Header, cache: &Cache) -> Result<(Vec<LoadSegment>, Vec<Range<u64>>), String> {
+pub(super) fn load_segments(
+    header: &Header,
+    cache: &Cache,
+) -> Result<(Vec<LoadSegment>, Vec<Range<u64>>), String> {
     let endian = Le;
     let headers = header
         .program_headers(endian, cache)

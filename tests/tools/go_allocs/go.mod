@@ -1,0 +1,3 @@
+module profilerd-tests/go_allocs
+
+go 1.26.0
