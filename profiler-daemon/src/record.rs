@@ -6,7 +6,7 @@ use profiler_common::Counter;
 
 use crate::{
     cli::{Format, RecordArgs},
-    kind::{ProfileType, ViewValue},
+    kind::{ProfileType, Source, ViewValue},
     pipeline::{Pipeline, PipelineError, PipelineOptions, PipelineStatus},
     profile::Filter,
     profile::Window,
@@ -18,6 +18,8 @@ use crate::{
 
 #[derive(Debug, thiserror::Error)]
 pub enum RecordError {
+    #[error("{0}")]
+    Trace(String),
     #[error("no process with pid {0}")]
     NoSuchProcess(u32),
     #[error("--type {0}: its samples cannot be recorded on this kernel (see the warning above)")]
@@ -32,6 +34,34 @@ pub enum RecordError {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// An allocation recording traces each `--pid` for the recording (and
+/// needs one at least: allocations are traced per process).
+async fn trace_allocations(
+    pipeline: &Pipeline,
+    profile_type: ProfileType,
+    args: &RecordArgs,
+) -> Result<(), RecordError> {
+    if !profile_type
+        .kinds()
+        .any(|kind| kind.source() == Source::AllocatorProbes)
+    {
+        return Ok(());
+    }
+    if args.pids.is_empty() {
+        return Err(RecordError::Trace(
+            "--type alloc traces the allocations of a process: give --pid".into(),
+        ));
+    }
+    let until = std::time::Instant::now() + Duration::from_secs(args.seconds);
+    for &pid in &args.pids {
+        pipeline
+            .trace_allocations(pid, until)
+            .await
+            .map_err(|err| RecordError::Trace(err.to_string()))?;
+    }
+    Ok(())
 }
 
 pub async fn run(args: RecordArgs) -> Result<(), RecordError> {
@@ -69,10 +99,27 @@ pub async fn run(args: RecordArgs) -> Result<(), RecordError> {
         pipeline.shutdown().await;
         return Err(RecordError::Unavailable(profile_type));
     }
+    let traced = trace_allocations(&pipeline, profile_type, &args).await;
+    if let Err(err) = traced {
+        supervisor.stop();
+        pipeline.shutdown().await;
+        return Err(err);
+    }
     let interrupted = tokio::select! {
         () = tokio::time::sleep(Duration::from_secs(args.seconds)) => false,
         _ = tokio::signal::ctrl_c() => true,
     };
+    if profile_type
+        .kinds()
+        .any(|kind| kind.source() == Source::AllocatorProbes)
+    {
+        for &pid in &args.pids {
+            let summary = pipeline.end_allocations(pid).await?;
+            if let Some(reason) = summary.cut_short {
+                eprintln!("profilerd: the tracing of {pid} was cut short: {reason}");
+            }
+        }
+    }
     let until_ms = pipeline.drain_now().await?;
     let filter = Filter {
         pids: args.pids.clone(),

@@ -20,8 +20,6 @@
 //! Only processes in `ALLOC_TRACED` are recorded: the daemon attaches the
 //! probes to one process at a time and removes its entry to stop at once.
 
-use core::intrinsics::{AtomicOrdering, atomic_xadd};
-
 use aya_ebpf::{
     EbpfContext, Global,
     bindings::{BPF_F_NO_PREALLOC, BPF_NOEXIST},
@@ -35,16 +33,18 @@ use aya_ebpf::{
 };
 use profiler_common::{
     ALLOC_DRAW_COUNT, AllocBlock, AllocBlockKey, AllocStackKey, AllocThread, AllocTraced, COMM_LEN, Counter,
-    SampleKey, UnwoundStack, alloc_op, maps::*, sample_kind,
+    SampleKey, alloc_op, maps::*, sample_kind,
 };
+
+mod blocks;
 
 use crate::{
-    BUFFER_0, BUFFER_1, Buffer, bump, current_cgroup, generation, process_instance, stored_stack_id, unwind,
+    BUFFER_0, BUFFER_1, bump, current_cgroup, generation, process_instance, stored_stack_id, unwind,
     walk::Walk,
 };
+use blocks::{ALLOC_BLOCKS, ALLOC_STACKS, add_to, atomic_add, freed};
 
 const EFAULT: i32 = 14;
-const ENOENT: i32 = 2;
 
 /// tgid -> what tracing it cost; present = traced.
 #[map]
@@ -53,15 +53,6 @@ static ALLOC_TRACED: HashMap<u32, AllocTraced> = HashMap::with_max_entries(ALLOC
 #[map]
 static ALLOC_THREADS: HashMap<u32, AllocThread> =
     HashMap::with_max_entries(ALLOC_THREADS_ENTRIES, BPF_F_NO_PREALLOC);
-/// Sampled blocks not yet freed.
-#[map]
-static ALLOC_BLOCKS: HashMap<AllocBlockKey, AllocBlock> =
-    HashMap::with_max_entries(DEFAULT_ALLOC_BLOCKS_ENTRIES, BPF_F_NO_PREALLOC);
-/// The stacks of sampled blocks, for their frees after a drain has cleared
-/// the buffer that held them.
-#[map]
-static ALLOC_STACKS: HashMap<AllocStackKey, UnwoundStack> =
-    HashMap::with_max_entries(DEFAULT_ALLOC_STACKS_ENTRIES, BPF_F_NO_PREALLOC);
 /// Exponential draws of the sampling interval, filled by the daemon.
 #[map]
 static ALLOC_DRAWS: Array<u64> = Array::with_max_entries(ALLOC_DRAW_COUNT, 0);
@@ -269,105 +260,6 @@ fn sampled(ctx: &RetProbeContext, tgid: u32, tid: u32, block: u64, size: u64) {
     }
 }
 
-/// `address` of process `tgid` is freed: if it is a sampled block, its
-/// free is counted under its allocation's key. `inside_call`: from free's
-/// own probe, which may fire inside another allocator call.
-#[inline(always)]
-fn freed(inside_call: bool, tgid: u32, tid: u32, address: u64) {
-    if address == 0 {
-        return;
-    }
-    let block_key = AllocBlockKey {
-        tgid,
-        reserved: 0,
-        address,
-    };
-    // SAFETY: the value is copied out before the entry is removed.
-    let Some(block) = (unsafe { ALLOC_BLOCKS.get(&block_key) }).copied() else {
-        return;
-    };
-    // A free inside an allocator call (realloc(p, 0) calls free): the
-    // outer call accounts for its block when it returns.
-    // SAFETY: the value is only read.
-    if inside_call && unsafe { ALLOC_THREADS.get(&tid) }.is_some_and(|thread| thread.depth > 0) {
-        return;
-    }
-    if ALLOC_BLOCKS.remove(&block_key).is_err() {
-        // Another CPU freed it first (a double free in the process).
-        return;
-    }
-    let generation = generation();
-    let buffer = if generation & 1 == 1 { BUFFER_1 } else { BUFFER_0 };
-    let user_stack_id = if block.generation == generation || block.user_stack_id < 0 {
-        block.user_stack_id
-    } else {
-        let stack_key = AllocStackKey {
-            tgid,
-            reserved: 0,
-            hash: block.stack_hash,
-        };
-        // SAFETY: the value is only read.
-        match unsafe { ALLOC_STACKS.get(&stack_key) } {
-            Some(stack) => stored_stack_id(stack, buffer.unwound_stacks),
-            None => {
-                bump(Counter::AllocStackLost);
-                -ENOENT
-            }
-        }
-    };
-    let key = SampleKey {
-        tgid,
-        tid: block.tid,
-        instance: block.instance,
-        user_stack_id,
-        kernel_stack_id: -EFAULT,
-        comm: block.comm,
-        kind: sample_kind::ALLOC_FREED,
-        reserved: 0,
-        generation,
-        reserved2: 0,
-        cgroup_id: block.cgroup_id,
-    };
-    add_to(&buffer, &key, block.size);
-    bump(Counter::AllocFreed);
-    if let Some(traced) = ALLOC_TRACED.get_ptr_mut(&tgid) {
-        // SAFETY: a live map value, added to atomically.
-        unsafe { atomic_add(&mut (*traced).freed, 1) };
-    }
-}
-
-/// Adds one block of `size` bytes to `key`'s entry. Atomically: frees are
-/// counted under the allocating thread's key from whichever thread frees.
-#[inline(always)]
-fn add_to(buffer: &Buffer, key: &SampleKey, size: u64) {
-    if let Some(value) = buffer.counts.get_ptr_mut(key) {
-        // SAFETY: a live map value; other CPUs may add to it, hence atomics.
-        unsafe {
-            atomic_add(&mut (*value).count, 1);
-            atomic_add(&mut (*value).amount, size);
-        }
-        return;
-    }
-    let value = profiler_common::SampleValue {
-        count: 1,
-        amount: size,
-    };
-    if let Err(err) = buffer.counts.insert(key, &value, BPF_NOEXIST as u64) {
-        if -err == crate::EEXIST {
-            // Another CPU created it first: add to theirs.
-            if let Some(value) = buffer.counts.get_ptr_mut(key) {
-                // SAFETY: as above.
-                unsafe {
-                    atomic_add(&mut (*value).count, 1);
-                    atomic_add(&mut (*value).amount, size);
-                }
-            }
-        } else {
-            bump(Counter::CountsMapFull);
-        }
-    }
-}
-
 /// Bytes to the next sampled allocation: an exponential draw of mean
 /// `ALLOC_INTERVAL` from the daemon's table.
 #[inline(always)]
@@ -388,14 +280,4 @@ pub fn exec(tgid: u32) {
 #[inline(always)]
 pub fn thread_exited(tid: u32) {
     let _ = ALLOC_THREADS.remove(&tid);
-}
-
-/// Adds to a counter other CPUs may add to at the same time.
-///
-/// # Safety
-/// `counter` must be valid for writes (a map value).
-#[inline(always)]
-unsafe fn atomic_add(counter: *mut u64, amount: u64) {
-    // SAFETY: the caller's pointer; BPF's atomic add (lock xadd).
-    unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(counter, amount) };
 }

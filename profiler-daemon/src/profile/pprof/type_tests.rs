@@ -99,3 +99,63 @@ fn cpu_profiles_intern_no_wait_key() {
         "a CPU profile has no off-CPU samples, so no `wait` string"
     );
 }
+
+/// Allocations: Go's heap schema; a stack's frees net against its
+/// allocations into one sample (in use = allocated - freed, never below
+/// nothing); values scaled by the byte interval as Go scales them.
+#[test]
+fn allocations_are_gos_heap_profile_with_frees_netted_and_values_scaled() {
+    let mut profile = fixture();
+    profile.profile_type = ProfileType::Alloc;
+    profile.alloc_interval = 512 * 1024;
+    // The first sample: 4 blocks of 1 KiB allocated, 3 freed (the same
+    // stack and thread); the second: 1 block of 64 MiB, never freed.
+    let mut freed = profile.samples[0].clone();
+    profile.samples[0].kind = SampleKind::Alloc;
+    (profile.samples[0].count, profile.samples[0].amount) = (4, 4096);
+    freed.kind = SampleKind::AllocFreed;
+    (freed.count, freed.amount) = (3, 3072);
+    profile.samples[1].kind = SampleKind::Alloc;
+    (profile.samples[1].count, profile.samples[1].amount) = (1, 64 << 20);
+    profile.samples.truncate(2);
+    profile.samples.push(freed);
+    let built = build(&profile);
+    let sample_types: Vec<_> = built
+        .sample_type
+        .iter()
+        .map(|value_type| names(&built, value_type).0)
+        .collect();
+    assert_eq!(
+        sample_types,
+        ["alloc_objects", "alloc_space", "inuse_objects", "inuse_space"]
+    );
+    let period_type = built.period_type.as_ref().expect("period_type is set");
+    assert_eq!(names(&built, period_type), ("space".into(), "bytes".into()));
+    assert_eq!(built.period, 512 * 1024);
+    let default = usize::try_from(built.default_sample_type).expect("an index");
+    assert_eq!(built.string_table[default], "alloc_space");
+    assert_eq!(
+        built.sample.len(),
+        2,
+        "the frees merged into their allocations' sample"
+    );
+    let mut values: Vec<Vec<i64>> = built.sample.iter().map(|sample| sample.value.clone()).collect();
+    values.sort();
+    // 1 KiB blocks at 512 KiB: each stands for 1 / (1 - e^(-1/512)) = 512.5.
+    let scale = |n: f64| (n / (1.0 - (-1.0f64 / 512.0).exp())).round() as i64;
+    assert_eq!(
+        values,
+        [
+            vec![1, 64 << 20, 1, 64 << 20],
+            vec![scale(4.0), scale(4096.0), scale(1.0), scale(1024.0)],
+        ]
+    );
+    for sample in &built.sample {
+        let bytes = sample
+            .label
+            .iter()
+            .find(|label| built.string_table[usize::try_from(label.key).expect("an index")] == "bytes")
+            .expect("a bytes label");
+        assert_eq!(bytes.num, sample.value[1] / sample.value[0], "the average block");
+    }
+}
