@@ -65,6 +65,8 @@ pub struct AllocBlockKey {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AllocBlock {
     pub size: u64,
+    /// bpf_ktime_get_ns() when it was allocated: its free adds its lifetime.
+    pub allocated_ns: u64,
     /// The allocation's user stack (its hash; see `AllocStackKey`).
     pub stack_hash: u64,
     pub cgroup_id: u64,
@@ -94,5 +96,5 @@ pub const ALLOC_DRAW_COUNT: u32 = 256;
 const _: () = assert!(core::mem::size_of::<AllocThread>() == 32);
 const _: () = assert!(core::mem::size_of::<AllocTraced>() == 24);
 const _: () = assert!(core::mem::size_of::<AllocBlockKey>() == 16);
-const _: () = assert!(core::mem::size_of::<AllocBlock>() == 56);
+const _: () = assert!(core::mem::size_of::<AllocBlock>() == 64);
 const _: () = assert!(core::mem::size_of::<AllocStackKey>() == 16);

@@ -97,6 +97,9 @@ pub mod sample_kind {
     /// Frees of sampled blocks, counted under the allocation's key and stack:
     /// allocations less frees are the blocks still in use.
     pub const ALLOC_FREED: u16 = 4;
+    /// The lifetimes of freed sampled blocks, under their allocation's key
+    /// and stack: `count` frees, `amount` the nanoseconds they lived.
+    pub const ALLOC_LIFETIME: u16 = 5;
 }
 
 /// Value of the counts maps; what it counts depends on [`SampleKey::kind`].

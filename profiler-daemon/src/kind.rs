@@ -88,6 +88,9 @@ pub enum SampleKind {
     Alloc,
     /// Frees of sampled blocks, under their allocation's stack and thread.
     AllocFreed,
+    /// How long the freed sampled blocks lived (for the views' table, not
+    /// pprof's values).
+    AllocLifetime,
 }
 
 /// What a sample adds to one value (column) of its profile type.
@@ -127,12 +130,13 @@ pub struct KindDescription {
 }
 
 impl SampleKind {
-    pub const ALL: [SampleKind; 5] = [
+    pub const ALL: [SampleKind; 6] = [
         Self::Cpu,
         Self::OffCpuBlocked,
         Self::OffCpuRunnable,
         Self::Alloc,
         Self::AllocFreed,
+        Self::AllocLifetime,
     ];
 
     pub const fn describe(self) -> &'static KindDescription {
@@ -202,6 +206,18 @@ impl SampleKind {
                     Value::LessCount,
                     Value::LessAmount,
                 ],
+            },
+            Self::AllocLifetime => &KindDescription {
+                bpf: sample_kind::ALLOC_LIFETIME,
+                source: Source::AllocatorProbes,
+                unit: Unit::Nanoseconds,
+                profile: ProfileType::Alloc,
+                in_wall: false,
+                ends_in_switch: false,
+                wait_label: None,
+                threads_amount: "freed_lifetime_ns",
+                threads_count: None,
+                values: &[Value::Nothing; 4],
             },
         }
     }

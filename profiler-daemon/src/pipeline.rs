@@ -282,13 +282,14 @@ impl Pipeline {
         done.await.map_err(|_| PipelineError::Stopped)
     }
 
-    /// Traces the allocations of `pid` until `until` (or [`Pipeline::end_allocations`]).
-    pub async fn trace_allocations(&self, pid: u32, until: Instant) -> Result<(), TraceError> {
+    /// Traces the allocations of `pid` for `seconds` from when the probes
+    /// are attached, when this returns (or until [`Pipeline::end_allocations`]).
+    pub async fn trace_allocations(&self, pid: u32, seconds: Duration) -> Result<(), TraceError> {
         let (reply, answer) = oneshot::channel();
         self.drain_tx
             .send(DrainCommand::Allocations(AllocCommand::Start {
                 pid,
-                until,
+                seconds,
                 reply,
             }))
             .map_err(|_| TraceError::Stopped)?;

@@ -54,10 +54,9 @@ async fn trace_allocations(
             "--type alloc traces the allocations of a process: give --pid".into(),
         ));
     }
-    let until = std::time::Instant::now() + Duration::from_secs(args.seconds);
     for &pid in &args.pids {
         pipeline
-            .trace_allocations(pid, until)
+            .trace_allocations(pid, Duration::from_secs(args.seconds))
             .await
             .map_err(|err| RecordError::Trace(err.to_string()))?;
     }

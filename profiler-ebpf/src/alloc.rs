@@ -24,8 +24,8 @@ use aya_ebpf::{
     EbpfContext, Global,
     bindings::{BPF_F_NO_PREALLOC, BPF_NOEXIST},
     helpers::{
-        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_probe_read_user,
-        generated::bpf_get_attach_cookie,
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_ktime_get_ns,
+        bpf_probe_read_user, generated::bpf_get_attach_cookie,
     },
     macros::{map, uprobe, uretprobe},
     maps::{Array, HashMap, PerCpuArray},
@@ -247,6 +247,8 @@ fn sampled(ctx: &RetProbeContext, tgid: u32, tid: u32, block: u64, size: u64) {
     };
     let remembered = AllocBlock {
         size,
+        // SAFETY: a helper without arguments.
+        allocated_ns: unsafe { bpf_ktime_get_ns() },
         stack_hash: hash,
         cgroup_id: key.cgroup_id,
         comm: key.comm,

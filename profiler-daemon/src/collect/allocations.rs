@@ -75,8 +75,8 @@ impl AllocationTracer {
 
     pub fn handle(&mut self, ebpf: &mut Ebpf, command: AllocCommand) {
         match command {
-            AllocCommand::Start { pid, until, reply } => {
-                let started = self.start(ebpf, pid, until);
+            AllocCommand::Start { pid, seconds, reply } => {
+                let started = self.start(ebpf, pid, seconds);
                 if let Err(err) = &started {
                     self.stats.refused.fetch_add(1, Ordering::Relaxed);
                     tracing::info!(pid, "allocation tracing refused: {err}");
@@ -90,8 +90,9 @@ impl AllocationTracer {
         }
     }
 
-    fn start(&mut self, ebpf: &mut Ebpf, pid: u32, until: Instant) -> Result<(), AllocError> {
+    fn start(&mut self, ebpf: &mut Ebpf, pid: u32, seconds: Duration) -> Result<(), AllocError> {
         if let Some(trace) = self.traces.get_mut(&pid) {
+            let until = Instant::now() + seconds;
             trace.readers += 1;
             trace.until = trace.until.max(until);
             return Ok(());
@@ -108,7 +109,8 @@ impl AllocationTracer {
             .map_err(|reason| AllocError::Attach { pid, reason })?;
         let mut trace = Trace {
             readers: 1,
-            until,
+            // Set once attached: loading the programs first takes seconds.
+            until: Instant::now(),
             links: Vec::new(),
             checked_cpu_ns: process_cpu_ns(&self.proc_root, pid).unwrap_or(0),
             checked_calls: 0,
@@ -149,6 +151,7 @@ impl AllocationTracer {
             }
             return Err(AllocError::Attach { pid, reason });
         }
+        trace.until = Instant::now() + seconds;
         self.stats.started.fetch_add(1, Ordering::Relaxed);
         self.stats.traced_now.fetch_add(1, Ordering::Relaxed);
         tracing::info!(pid, files = files.len(), "allocation tracing started");

@@ -6,6 +6,7 @@ pub mod flamegraph;
 pub mod folded;
 mod kernel_addresses;
 pub mod pprof;
+pub mod sites;
 pub mod top;
 mod window;
 

@@ -210,6 +210,9 @@ fn merged(profile: &Profile) -> Vec<(&SymbolizedSample, [i64; super::MAX_VALUES]
             }
         }
     }
+    // A stack with nothing to show in these values (only lifetimes, or
+    // allocations all freed and none in the window) is no sample.
+    merged.retain(|(_, values)| values.iter().any(|&value| value > 0));
     merged
 }
 

@@ -4,7 +4,7 @@
 //! profile. Who may ask is who may see the process (its CPU profile's rule):
 //! a local user can never make the daemon probe another user's process.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::{
     http::StatusCode,
@@ -50,10 +50,9 @@ pub(super) async fn traced_window(
     let after_ms = state.scrapes.drained(&state.pipeline).await?;
     super::cgroup_filter::resolve(&state, &mut params.filter, scope.visible).await?;
     let seconds = Duration::from_secs(params.seconds);
-    let until = Instant::now() + seconds;
     let mut traced = Vec::new();
     for &pid in &pids {
-        if let Err(err) = state.pipeline.trace_allocations(pid, until).await {
+        if let Err(err) = state.pipeline.trace_allocations(pid, seconds).await {
             for &pid in &traced {
                 let _ = state.pipeline.end_allocations(pid).await;
             }

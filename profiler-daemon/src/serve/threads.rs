@@ -306,7 +306,7 @@ mod tests {
             serde_json::json!({
                 "tid": 1, "thread_name": "main", "cpu_ns": 10, "samples": 1,
                 "off_cpu_ns": 9_000, "off_cpu_blocked_ns": 9_000, "off_cpu_runnable_ns": 0,
-                "allocs": 0, "alloc_bytes": 0, "frees": 0, "freed_bytes": 0
+                "allocs": 0, "alloc_bytes": 0, "frees": 0, "freed_bytes": 0, "freed_lifetime_ns": 0
             }),
             "flat fields, off-CPU and allocation ones always present"
         );

@@ -3,6 +3,7 @@
 
 use aya_ebpf::{
     bindings::{BPF_F_NO_PREALLOC, BPF_NOEXIST},
+    helpers::bpf_ktime_get_ns,
     macros::map,
     maps::HashMap,
 };
@@ -87,6 +88,13 @@ pub(super) fn freed(inside_call: bool, tgid: u32, tid: u32, address: u64) {
         cgroup_id: block.cgroup_id,
     };
     add_to(&buffer, &key, block.size);
+    // SAFETY: a helper without arguments.
+    let lived = unsafe { bpf_ktime_get_ns() }.saturating_sub(block.allocated_ns);
+    let lifetime = SampleKey {
+        kind: sample_kind::ALLOC_LIFETIME,
+        ..key
+    };
+    add_to(&buffer, &lifetime, lived);
     bump(Counter::AllocFreed);
     if let Some(traced) = ALLOC_TRACED.get_ptr_mut(&tgid) {
         // SAFETY: a live map value, added to atomically.
@@ -94,7 +102,7 @@ pub(super) fn freed(inside_call: bool, tgid: u32, tid: u32, address: u64) {
     }
 }
 
-/// Adds one block of `size` bytes to `key`'s entry. Atomically: frees are
+/// Adds one to `key`'s count and `size` to its amount. Atomically: frees are
 /// counted under the allocating thread's key from whichever thread frees.
 #[inline(always)]
 pub(super) fn add_to(buffer: &Buffer, key: &SampleKey, size: u64) {

@@ -6,8 +6,9 @@ use axum::body::Bytes;
 
 use super::{answers::Answer, key::Format};
 use crate::{
+    kind::Scale,
     profile::Filter,
-    profile::{Profile, flamegraph, folded, pprof, top},
+    profile::{Profile, flamegraph, folded, pprof, sites, top},
     serve::{
         index,
         threads::{self, WindowReport},
@@ -92,8 +93,38 @@ fn render_flamegraph(profile: &Profile, filter: &Filter, icicle: bool) -> std::i
     Ok(out)
 }
 
-/// The body and type of `/top`.
+/// `/top?type=alloc&format=json`.
+#[derive(serde::Serialize)]
+struct SitesReport {
+    window: WindowReport,
+    #[serde(rename = "type")]
+    profile_type: &'static str,
+    /// Mean bytes between sampled allocations (0: every one recorded).
+    sample_bytes: u64,
+    sites: Vec<sites::Site>,
+}
+
+/// The body and type of `/top`: functions, or for allocations their sites.
 fn render_top(profile: &Profile, json: bool, limit: usize) -> std::io::Result<(Vec<u8>, &'static str)> {
+    if profile.profile_type.describe().scale == Scale::SampledBytes {
+        let sites = sites::sites(profile, limit);
+        if json {
+            let report = SitesReport {
+                window: WindowReport {
+                    start_ms: profile.window.start_ms,
+                    end_ms: profile.window.end_ms,
+                },
+                profile_type: profile.profile_type.name(),
+                sample_bytes: profile.alloc_interval,
+                sites,
+            };
+            return Ok((serde_json::to_vec(&report)?, "application/json"));
+        }
+        return Ok((
+            sites::table(profile, &sites).into_bytes(),
+            "text/plain; charset=utf-8",
+        ));
+    }
     let functions = top::top(profile, limit);
     if json {
         let report = TopReport {
