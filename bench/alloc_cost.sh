@@ -11,8 +11,8 @@
 # per run of alloc_enter (malloc, free) and alloc_return (kernel.bpf_stats).
 # Usage: bench/alloc_cost.sh [RUNS]   (root; uses the built target/release/profilerd)
 # One daemon per configuration; its first window loads the programs (3-4 s
-# here), so a 1 s warm-up window goes first (cut short: its deadline runs from
-# before the load). Then RUNS times, alternating: untraced runs (the daemon up,
+# here), so a 1 s warm-up window goes first (its window is counted from the
+# attach). Then RUNS times, alternating: untraced runs (the daemon up,
 # not tracing), then traced ones: a WINDOW_SECONDS (6) window asked for on a
 # running storm, whose rates are taken from its progress lines from 1.5 s
 # after the request (attached by then) to 1 s before the window's end; the

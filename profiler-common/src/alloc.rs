@@ -48,6 +48,9 @@ pub struct AllocTraced {
     pub sampled: u64,
     /// Frees of recorded blocks.
     pub freed: u64,
+    /// Recorded blocks not yet freed (at most `ALLOC_BLOCKS_PER_PROCESS`:
+    /// one process cannot take every other's room).
+    pub live: u64,
 }
 
 /// Key of the live-block map: a sampled block of a process.
@@ -94,7 +97,7 @@ pub const ALLOC_DRAW_COUNT: u32 = 256;
 
 // The layout is the contract: no implicit padding, sizes fixed.
 const _: () = assert!(core::mem::size_of::<AllocThread>() == 32);
-const _: () = assert!(core::mem::size_of::<AllocTraced>() == 24);
+const _: () = assert!(core::mem::size_of::<AllocTraced>() == 32);
 const _: () = assert!(core::mem::size_of::<AllocBlockKey>() == 16);
 const _: () = assert!(core::mem::size_of::<AllocBlock>() == 64);
 const _: () = assert!(core::mem::size_of::<AllocStackKey>() == 16);

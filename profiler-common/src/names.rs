@@ -76,6 +76,8 @@ pub mod globals {
     pub const TASK_FSBASE_OFFSET: &str = "TASK_FSBASE_OFFSET";
     /// Mean bytes between sampled allocations (0: every allocation).
     pub const ALLOC_INTERVAL: &str = "ALLOC_INTERVAL";
+    /// Sampled blocks one traced process may have remembered at once.
+    pub const ALLOC_BLOCKS_PER_PROCESS: &str = "ALLOC_BLOCKS_PER_PROCESS";
 }
 
 /// Program names as the daemon looks them up.

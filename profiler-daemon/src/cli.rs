@@ -325,6 +325,7 @@ impl SamplingArgs {
                 },
                 python_frames: !self.no_python_frames,
                 alloc_sample_bytes: self.alloc_sample_bytes,
+                alloc_max_processes: self.alloc_max_processes,
             },
             allocations: crate::collect::allocations::AllocationLimits {
                 max_processes: usize::try_from(self.alloc_max_processes).unwrap_or(usize::MAX),

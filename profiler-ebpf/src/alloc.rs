@@ -66,6 +66,8 @@ static ALLOC_BUSY: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
 
 #[unsafe(no_mangle)]
 static ALLOC_INTERVAL: Global<u64> = Global::new(512 * 1024);
+#[unsafe(no_mangle)]
+static ALLOC_BLOCKS_PER_PROCESS: Global<u64> = Global::new(65_536);
 
 /// Every probed allocator function's entry, free included.
 #[uprobe(multi)]
@@ -257,8 +259,18 @@ fn sampled(ctx: &RetProbeContext, tgid: u32, tid: u32, block: u64, size: u64) {
         user_stack_id: key.user_stack_id,
         generation,
     };
-    if ALLOC_BLOCKS.insert(&block_key, &remembered, 0).is_err() {
-        bump(Counter::AllocBlocksFull);
+    let Some(traced) = ALLOC_TRACED.get_ptr_mut(&tgid) else {
+        return;
+    };
+    // SAFETY: a live map value; other CPUs add to it too, hence atomics.
+    unsafe {
+        if (*traced).live >= ALLOC_BLOCKS_PER_PROCESS.load()
+            || ALLOC_BLOCKS.insert(&block_key, &remembered, 0).is_err()
+        {
+            bump(Counter::AllocBlocksFull);
+            return;
+        }
+        atomic_add(&mut (*traced).live, 1);
     }
 }
 

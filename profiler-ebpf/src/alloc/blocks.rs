@@ -97,8 +97,12 @@ pub(super) fn freed(inside_call: bool, tgid: u32, tid: u32, address: u64) {
     add_to(&buffer, &lifetime, lived);
     bump(Counter::AllocFreed);
     if let Some(traced) = ALLOC_TRACED.get_ptr_mut(&tgid) {
-        // SAFETY: a live map value, added to atomically.
-        unsafe { atomic_add(&mut (*traced).freed, 1) };
+        // SAFETY: a live map value, added to atomically (adding 2^64 - 1
+        // takes one away).
+        unsafe {
+            atomic_add(&mut (*traced).freed, 1);
+            atomic_add(&mut (*traced).live, u64::MAX);
+        }
     }
 }
 

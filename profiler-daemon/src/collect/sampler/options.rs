@@ -60,6 +60,9 @@ pub struct SamplerOptions {
     pub python_frames: bool,
     /// Mean bytes between sampled allocations of traced processes (0: every one).
     pub alloc_sample_bytes: u64,
+    /// Processes traced at once: each may remember an equal part of the
+    /// sampled blocks.
+    pub alloc_max_processes: u64,
 }
 
 /// Go's, jemalloc's default: one sample per 512 KiB allocated, on average.

@@ -51,6 +51,7 @@ pub(super) struct Globals {
     attach_ns: u64,
     unwind_mode: u64,
     alloc_interval: u64,
+    alloc_blocks_per_process: u64,
 }
 
 impl Globals {
@@ -68,6 +69,9 @@ impl Globals {
                 unwind_mode::FRAME_POINTERS
             },
             alloc_interval: options.alloc_sample_bytes,
+            // Every traced process gets an equal part of the blocks map.
+            alloc_blocks_per_process: u64::from(maps::DEFAULT_ALLOC_BLOCKS_ENTRIES)
+                / options.alloc_max_processes.max(1),
         }
     }
 }
@@ -111,7 +115,12 @@ pub(super) fn configure<'a>(
         .override_global(globals::OFF_CPU_MIN_NS, &plan.off_cpu_min_ns, true)
         .override_global(globals::TASK_FSBASE_OFFSET, &globals.fsbase_offset, true)
         .override_global(globals::UNWIND_MODE, &globals.unwind_mode, true)
-        .override_global(globals::ALLOC_INTERVAL, &globals.alloc_interval, true);
+        .override_global(globals::ALLOC_INTERVAL, &globals.alloc_interval, true)
+        .override_global(
+            globals::ALLOC_BLOCKS_PER_PROCESS,
+            &globals.alloc_blocks_per_process,
+            true,
+        );
     if !plan.off_cpu {
         loader.map_max_entries(maps::OFF_CPU_WAITS, 1);
     }
