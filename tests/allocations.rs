@@ -7,20 +7,28 @@
 //! site, every call and every byte it asks for: it is the oracle of what
 //! the daemon should see, and DHAT (valgrind's heap profiler) is the
 //! oracle of its counts. Sites are found in a sample's stack by name: its
-//! first `site_*` frame.
+//! first `site_*` frame. The same program runs in the Debian container too
+//! (its own libc, mount and pid namespaces), and two more workloads
+//! allocate 3:1 from two named functions: Rust on std's system allocator
+//! (tests/workloads/rust_allocs.rs) and C++ new/delete (cxx_allocs.cpp).
 
-use std::{path::Path, process::Command, time::Duration};
+use std::{
+    collections::BTreeMap, os::unix::fs::MetadataExt as _, path::Path, process::Command, time::Duration,
+};
 
 use profilerd_tests::{
     Workload,
     allocations::{
         ALLOC_OBJECTS, ALLOC_SPACE, AllocProfile, AllocSites, CHURN_SITE, INUSE_OBJECTS, INUSE_SPACE,
-        LEAK_SITE, MIB, NO_SITE, Options, SITES, allocs_path, assert_labels, assert_site_shares,
-        assert_space_is_objects_times_size, binary, breakpoints, bytes_label, eventually, go_allocs,
-        link_ids, observe, run_under_dhat, sigkill, site_of, uprobes_of,
+        LEAK_SITE, MIB, NO_SITE, Options, SITES, allocs_path, assert_labels, assert_labels_of, assert_shares,
+        assert_site_shares, assert_space_is_objects_times_size, binary, breakpoints, bytes_label, eventually,
+        go_allocs, is_function, link_ids, mapped_libc, observe, run_under_dhat, sigkill, site_of, uprobes_of,
     },
     artifacts_dir,
-    daemon::{Daemon, get_in_background},
+    container::Container,
+    daemon::{Daemon, RawSample, get_in_background},
+    profilerd_bin,
+    rootfs::{CACHE, FileLock, cached_rootfs},
     serial,
     unwind::assert_frame_pointers,
 };
@@ -523,6 +531,11 @@ fn a_malloc_storm_is_cut_off_at_the_budget_and_runs_on() {
         said.contains("budget"),
         "the answer should say the tracing was cut short at the budget, header says {said:?}"
     );
+    let comments = profilerd_tests::daemon::go_pprof(&["-comments", &file.display().to_string()]);
+    assert!(
+        comments.contains("cut short") && comments.contains("budget"),
+        "the profile's comments should say the tracing was cut short at the budget: {comments:?}"
+    );
     let metrics = daemon.get("/metrics").text();
     assert_eq!(
         profilerd_tests::daemon::metric(&metrics, "profilerd_alloc_traces_over_budget_total"),
@@ -543,4 +556,306 @@ fn a_malloc_storm_is_cut_off_at_the_budget_and_runs_on() {
         before.calls(CHURN_SITE),
         after.calls(CHURN_SITE)
     );
+}
+
+// ---------------------------------------------------------------------------
+// Other languages' allocators, and a container's own libc.
+
+/// Allocations a second at each function of the Rust and C++ workloads
+/// (tests/workloads/rust_allocs.rs, cxx_allocs.cpp): 2,000 rounds of one
+/// block each.
+const PAIR_ROUNDS_PER_S: i64 = 2000;
+/// Their window: ~10,000 allocations at each function, every one recorded.
+const PAIR_WINDOW: i64 = 5;
+/// The bytes of each function's block, in the order of its sites: 12 KiB
+/// and 4 KiB, 3:1.
+const PAIR_BYTES: [i64; 2] = [12 * 1024, 4 * 1024];
+const RUST_SITES: [&str; 2] = ["rust_site_vec", "rust_site_box"];
+const CXX_SITES: [&str; 2] = ["cxx_site_array", "cxx_site_struct"];
+
+/// A Rust release build without frame pointers, on std's system allocator:
+/// a Vec (malloc) and a Box of a zeroed struct (which LLVM turns into
+/// __rust_alloc_zeroed, so calloc) reach libc through std's __rust_alloc
+/// shims. Both functions are found in the stacks, with the bytes and the
+/// 3:1 split the program allocates, frees seen, and stacks that reach main.
+#[test]
+fn a_rust_program_with_the_system_allocator() {
+    let _serial = serial();
+    let daemon = Daemon::start(&["--alloc-sample-bytes", "0", "--alloc-budget-percent", NO_BUDGET]);
+    let program = Workload::spawn(env!("WORKLOAD_RUST_ALLOCS"), &["120"]);
+    std::thread::sleep(WARM_UP);
+    let profile = observe_pair(&daemon, program.pid(), "rust_allocs");
+    check_pair(&profile, program.pid(), "rust_allocs", &RUST_SITES);
+    // Between malloc and the function that asked: the alloc crate's
+    // (Vec::with_capacity -> RawVec..., Box::new -> box_new_uninit, inlined
+    // into the site, named from its DWARF) and std's __rust_alloc ->
+    // __rdl_alloc shims (tail calls at -O3: not in the stacks), nothing else.
+    assert_leaf_side(
+        &profile,
+        &RUST_SITES,
+        "frames of Rust's alloc crate or its __rust_alloc/__rdl_alloc shims",
+        |frame| {
+            frame.starts_with("alloc::")
+                || frame.starts_with("<alloc::")
+                || frame.contains("__rust_alloc")
+                || frame.contains("__rdl_alloc")
+        },
+    );
+    assert_reach_main(&profile, &RUST_SITES, "rust_alloc_loop");
+}
+
+/// C++ new and delete (-O2, no frame pointers; libstdc++ has none either):
+/// malloc's caller is libstdc++'s `operator new(unsigned long)` (new[]
+/// jumps to it), and the function that said `new` is right below it.
+#[test]
+fn a_cxx_program_using_new_and_delete() {
+    let _serial = serial();
+    let binary = env!("WORKLOAD_CXX_ALLOCS");
+    assert_frame_pointers(
+        binary,
+        &["main", "cxx_alloc_loop", "cxx_site_array", "cxx_site_struct"],
+        false,
+    );
+    let daemon = Daemon::start(&["--alloc-sample-bytes", "0", "--alloc-budget-percent", NO_BUDGET]);
+    let program = Workload::spawn(binary, &["120"]);
+    std::thread::sleep(WARM_UP);
+    let profile = observe_pair(&daemon, program.pid(), "cxx_allocs");
+    check_pair(&profile, program.pid(), "cxx_allocs", &CXX_SITES);
+    // The leaf is operator new (demangled: "operator new(unsigned long)",
+    // or operator new[] should it not be a jump), nothing else.
+    let leaf_is_new = profile.sum(ALLOC_OBJECTS, |sample| {
+        sample
+            .functions
+            .first()
+            .is_some_and(|leaf| leaf.starts_with("operator new"))
+    });
+    let total = profile.sum(ALLOC_OBJECTS, |_| true);
+    assert!(
+        leaf_is_new as f64 >= 0.99 * total as f64,
+        "the leaf of at least 99 % of the allocations should be `operator new` (malloc's caller in \
+         libstdc++), got {leaf_is_new} of {total}; leaves: {:?}",
+        leaves(&profile)
+    );
+    assert_leaf_side(&profile, &CXX_SITES, "operator new frames", |frame| {
+        frame.starts_with("operator new")
+    });
+    assert_reach_main(&profile, &CXX_SITES, "cxx_alloc_loop");
+}
+
+/// A process of another root file system, mount namespace and pid
+/// namespace: alloc_sites run inside the booted Debian container (nsenter
+/// into its PID 1's namespaces), mapping the container's own libc, a file
+/// of its own (another inode than the host's libc at the same path). The
+/// daemon on the host, asked for its host pid, must probe that file (its
+/// /proc/PID/map_files entry), not the host's file of the same name (whose
+/// probes would never fire in it), and symbolize alloc_sites from the
+/// container's copy. The sites' shares match the program's own counts,
+/// read from its stats file in the container's /tmp through the
+/// container's root as the host sees it.
+#[test]
+fn a_process_in_a_container_is_traced_through_its_own_libc() {
+    let _serial = serial();
+    // One container per machine at a time (the systemd tests' lock).
+    let _machine_lock = FileLock::acquire(&Path::new(CACHE).join("systemd-test.lock"));
+    let rootfs = cached_rootfs();
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the repository root");
+    let container = Container::boot(&rootfs, repo, &profilerd_bin());
+    let daemon = Daemon::start(&["--alloc-sample-bytes", "0", "--alloc-budget-percent", NO_BUDGET]);
+    let mut workload = AllocSites::start_in_container(
+        &container,
+        Options::all(FOREVER, EXACT_LEAK_PER_S, EXACT_SITES_PER_S),
+    );
+    workload.wait_until_run(WARM_UP);
+    let pid = workload.pid();
+
+    // What makes it another world: its namespaces, and its libc.
+    for namespace in ["pid", "mnt"] {
+        let ours = std::fs::read_link(format!("/proc/self/ns/{namespace}")).expect("our namespace");
+        let its = std::fs::read_link(format!("/proc/{pid}/ns/{namespace}")).expect("its namespace");
+        assert_ne!(
+            ours, its,
+            "alloc_sites in the container should be in a {namespace} namespace of its own"
+        );
+    }
+    let libc = mapped_libc(pid);
+    let file = |path: &Path| {
+        let metadata = std::fs::metadata(path).unwrap_or_else(|err| panic!("stat {}: {err}", path.display()));
+        (metadata.dev(), metadata.ino())
+    };
+    let its_libc = file(&libc.map_files);
+    let host_libc = file(Path::new(&libc.path));
+    eprintln!(
+        "alloc_sites {pid} in the container maps {} as (dev, inode) {its_libc:?}; the host's file of that \
+         name is {host_libc:?}",
+        libc.path
+    );
+    assert_ne!(
+        its_libc, host_libc,
+        "the container's libc {} should be another file than the host's of the same path",
+        libc.path
+    );
+
+    let window = observe(&daemon, &mut workload, EXACT_WINDOW, "container");
+    let profile = &window.profile;
+    profile.assert_heap_sample_types();
+    assert_labels(profile, pid);
+    assert_space_is_objects_times_size(profile, true);
+    let total = profile.sum(ALLOC_SPACE, |_| true);
+    let lost = profile.at_site(ALLOC_SPACE, NO_SITE);
+    assert!(
+        total > 0 && lost as f64 <= 0.01 * total as f64,
+        "the window over alloc_sites in the container should have allocations, at most 1 % of them \
+         outside the site_* functions; got {lost} of {total} bytes: {:?}",
+        profile.by_site(ALLOC_SPACE)
+    );
+    let expected = SITES.map(|site| window.delta.bytes(site) as f64);
+    assert_site_shares(
+        "alloc_space per site of alloc_sites in the container, every allocation recorded",
+        &profile.sites(ALLOC_SPACE),
+        &expected,
+        5.0,
+    );
+    assert!(
+        profile.at_site(INUSE_SPACE, LEAK_SITE) > 0,
+        "{LEAK_SITE}, which never frees, should hold bytes in use at the end of the window: {:?}",
+        profile.by_site(INUSE_SPACE)
+    );
+}
+
+/// A window of [`PAIR_WINDOW`] seconds over `pid`, saved as
+/// allocs-NAME.pb.gz.
+fn observe_pair(daemon: &Daemon, pid: u32, name: &str) -> AllocProfile {
+    let file = artifacts_dir().join(format!("allocs-{name}.pb.gz"));
+    daemon.fetch_pprof(&allocs_path(pid, PAIR_WINDOW as u64), &file);
+    AllocProfile::read(&file)
+}
+
+/// What the Rust and C++ workloads share: a heap profile of every
+/// allocation of one thread, each of `sites` in the stacks with its own
+/// block size, their bytes split 3:1 within 5 points, all but 1 % of the
+/// bytes at them, and their blocks freed.
+fn check_pair(profile: &AllocProfile, pid: u32, comm: &str, sites: &[&str; 2]) {
+    profile.assert_heap_sample_types();
+    assert!(
+        matches!(profile.period, 0 | 1),
+        "with --alloc-sample-bytes 0 the period should be 0 or 1 (every allocation), got {}",
+        profile.period
+    );
+    assert_labels_of(profile, pid, comm);
+    assert_space_is_objects_times_size(profile, true);
+    let expected_objects = PAIR_ROUNDS_PER_S * PAIR_WINDOW;
+    for (site, bytes) in sites.iter().zip(PAIR_BYTES) {
+        let objects = profile.under(ALLOC_OBJECTS, site);
+        let space = profile.under(ALLOC_SPACE, site);
+        eprintln!("{comm}: {objects} allocations, {space} bytes under {site}");
+        // The program keeps the pace of wall time: the window's N seconds
+        // of attached probes hold N seconds of its rounds, within 10 %.
+        assert!(
+            (objects - expected_objects).abs() as f64 <= 0.1 * expected_objects as f64,
+            "{}: {expected_objects} allocations ({PAIR_ROUNDS_PER_S} a second for {PAIR_WINDOW} s) within \
+             10 % should have {site} in their stacks, got {objects}; leaves: {:?}",
+            profile.file.display(),
+            leaves(profile)
+        );
+        assert_eq!(
+            space,
+            objects * bytes,
+            "{}: every allocation under {site} is one block of {bytes} bytes",
+            profile.file.display()
+        );
+        let inuse = profile.under(INUSE_OBJECTS, site);
+        assert!(
+            inuse as f64 <= 0.01 * objects as f64,
+            "{}: {site} frees each block right after allocating it, so at most 1 % of its {objects} blocks \
+             can be in use at the window's end (a free the daemon missed leaves more); got {inuse}",
+            profile.file.display()
+        );
+    }
+    let total = profile.sum(ALLOC_SPACE, |_| true);
+    let at_sites: i64 = sites.iter().map(|site| profile.under(ALLOC_SPACE, site)).sum();
+    assert!(
+        at_sites as f64 >= 0.99 * total as f64,
+        "{}: nothing but {sites:?} allocates in {comm}'s loop: at least 99 % of alloc_space should be \
+         under them, got {at_sites} of {total} bytes; leaves: {:?}",
+        profile.file.display(),
+        leaves(profile)
+    );
+    let got = sites.map(|site| profile.under(ALLOC_SPACE, site) as f64);
+    assert_shares(
+        &format!("{comm}: alloc_space of its two functions, every allocation recorded"),
+        sites,
+        &got,
+        &PAIR_BYTES.map(|bytes| bytes as f64),
+        5.0,
+    );
+}
+
+/// Panics unless, in at least 99 % of the allocations under `sites`, every
+/// frame on the leaf side of the site (between the allocator and it)
+/// satisfies `allowed`: the site is the first frame of the program.
+fn assert_leaf_side(profile: &AllocProfile, sites: &[&str], what: &str, allowed: impl Fn(&str) -> bool) {
+    let site_position = |functions: &[String]| {
+        functions
+            .iter()
+            .position(|frame| sites.iter().any(|site| is_function(frame, site)))
+    };
+    let under = profile.sum(ALLOC_OBJECTS, |sample| site_position(&sample.functions).is_some());
+    let good = profile.sum(ALLOC_OBJECTS, |sample| {
+        site_position(&sample.functions)
+            .is_some_and(|at| sample.functions[..at].iter().all(|frame| allowed(frame)))
+    });
+    let mut chains: BTreeMap<String, i64> = BTreeMap::new();
+    for sample in &profile.samples {
+        if let Some(at) = site_position(&sample.functions) {
+            *chains.entry(sample.functions[..=at].join(" <- ")).or_default() +=
+                profile.value(sample, ALLOC_OBJECTS);
+        }
+    }
+    eprintln!("{}: leaf side of the sites: {chains:#?}", profile.file.display());
+    assert!(
+        good as f64 >= 0.99 * under as f64,
+        "{}: in at least 99 % of the allocations under {sites:?}, the frames between the allocator and \
+         the site should be {what} only; got {good} of {under}; leaf-first chains: {chains:#?}",
+        profile.file.display()
+    );
+}
+
+/// Panics unless at least 99 % of the allocations under `sites` have stacks
+/// through `caller` to main (unwound without frame pointers).
+fn assert_reach_main(profile: &AllocProfile, sites: &[&str], caller: &str) {
+    let under = |sample: &RawSample| {
+        sample
+            .functions
+            .iter()
+            .any(|frame| sites.iter().any(|site| is_function(frame, site)))
+    };
+    let total = profile.sum(ALLOC_OBJECTS, under);
+    let whole = profile.sum(ALLOC_OBJECTS, |sample| {
+        under(sample)
+            && sample.functions.iter().any(|frame| is_function(frame, caller))
+            && sample.functions.iter().any(|frame| frame == "main")
+    });
+    assert!(
+        whole as f64 >= 0.99 * total as f64,
+        "{}: at least 99 % of the allocations under {sites:?} should have stacks through {caller} to main \
+         (no frame pointers: .eh_frame unwinding); got {whole} of {total}; e.g. {:?}",
+        profile.file.display(),
+        profile
+            .samples
+            .iter()
+            .find(|sample| under(sample) && !sample.functions.iter().any(|frame| frame == "main"))
+            .map(|sample| &sample.functions)
+    );
+}
+
+/// alloc_objects per leaf frame (the function that called the allocator).
+fn leaves(profile: &AllocProfile) -> BTreeMap<String, i64> {
+    let mut leaves = BTreeMap::new();
+    for sample in &profile.samples {
+        let leaf = sample.functions.first().cloned().unwrap_or_default();
+        *leaves.entry(leaf).or_insert(0) += profile.value(sample, ALLOC_OBJECTS);
+    }
+    leaves
 }

@@ -135,8 +135,9 @@ fn no_frame_pointer_workloads(out: &Path) -> anyhow::Result<()> {
         ("cxx_sort", "g++", "workloads/cxx_sort.cpp"),
         ("sigalrm", "cc", "workloads/sigalrm.c"),
         ("deep_recursion", "cc", "workloads/deep_recursion.c"),
-        // The allocation profiler's workload (tests/allocations.rs).
+        // The allocation profiler's workloads (tests/allocations.rs).
         ("alloc_sites", "cc", "workloads/alloc_sites.c"),
+        ("cxx_allocs", "g++", "workloads/cxx_allocs.cpp"),
     ] {
         println!("cargo::rerun-if-changed={source}");
         let binary = out.join(name);
@@ -192,24 +193,27 @@ fn stripped_static_workload(out: &Path) -> anyhow::Result<()> {
 
 /// rustc directly, not a [[bin]]: cargo would give it the workspace's
 /// `force-frame-pointers=yes`. Release optimisation, no frame pointers,
-/// symbols kept.
+/// symbols kept. rust_nofp is tests/unwinding.rs's, rust_allocs
+/// tests/allocations.rs's.
 fn rust_without_frame_pointers(out: &Path) -> anyhow::Result<()> {
-    let source = "workloads/rust_nofp.rs";
-    println!("cargo::rerun-if-changed={source}");
     let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".to_owned());
-    let binary = out.join("rust_nofp");
-    let status = std::process::Command::new(&rustc)
-        .args(["--edition", "2024", "-C", "opt-level=3"])
-        .args(["-C", "force-frame-pointers=no", "-C", "debuginfo=1"])
-        .arg("-o")
-        .arg(&binary)
-        .arg(source)
-        .status()
-        .with_context(|| format!("running {rustc} for {source}"))?;
-    if !status.success() {
-        bail!("{rustc} failed for {source}: {status}");
+    for name in ["rust_nofp", "rust_allocs"] {
+        let source = format!("workloads/{name}.rs");
+        println!("cargo::rerun-if-changed={source}");
+        let binary = out.join(name);
+        let status = std::process::Command::new(&rustc)
+            .args(["--edition", "2024", "-C", "opt-level=3"])
+            .args(["-C", "force-frame-pointers=no", "-C", "debuginfo=1"])
+            .arg("-o")
+            .arg(&binary)
+            .arg(&source)
+            .status()
+            .with_context(|| format!("running {rustc} for {source}"))?;
+        if !status.success() {
+            bail!("{rustc} failed for {source}: {status}");
+        }
+        export(name, &binary);
     }
-    export("rust_nofp", &binary);
     Ok(())
 }
 

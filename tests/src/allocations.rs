@@ -14,6 +14,7 @@ use std::{
 };
 
 use crate::{
+    container::Container,
     daemon::{Daemon, RawSample, go_pprof, parse_raw},
     elf,
 };
@@ -119,10 +120,14 @@ impl Drop for TempDir {
 /// A running alloc_sites; killed on drop. Its stdin is a pipe this holds:
 /// should the test process die, the pipe closes and the workload ends.
 pub struct AllocSites {
+    /// alloc_sites itself, or what runs it (nsenter, for a container).
     child: Child,
+    /// alloc_sites's pid in the host's pid namespace.
+    pid: u32,
     stdin: Option<ChildStdin>,
+    /// Its stats file, as the host reaches it.
     stats: PathBuf,
-    _dir: TempDir,
+    _dir: Option<TempDir>,
 }
 
 impl AllocSites {
@@ -151,17 +156,72 @@ impl AllocSites {
             .unwrap_or_else(|err| panic!("starting {wrapper:?} alloc_sites {args:?}: {err}"));
         let stdin = child.stdin.take();
         Self {
+            pid: child.id(),
             child,
             stdin,
             stats,
-            _dir: dir,
+            _dir: Some(dir),
         }
     }
 
-    /// The pid of what was started (valgrind's, when wrapped: valgrind runs
-    /// the program in its own process).
+    /// Runs alloc_sites inside `container`, in every namespace of its PID 1
+    /// (its mount namespace: the container's own root and libc; its pid
+    /// namespace: a pid of its own there), from a copy of the binary put in
+    /// the container's root (its volatile overlay: the cached rootfs stays
+    /// pristine). The stats file is in the container's /tmp, which the host
+    /// reads through [`Container::root`].
+    pub fn start_in_container(container: &Container, options: Options) -> Self {
+        let root = container.root();
+        let inside = "/usr/local/bin/alloc_sites";
+        let copy = root.join(inside.trim_start_matches('/'));
+        std::fs::copy(binary(), &copy)
+            .unwrap_or_else(|err| panic!("copying alloc_sites to {}: {err}", copy.display()));
+        let stats_inside = format!("/tmp/profilerd-allocs-{}-stats", std::process::id());
+        let stats = root.join(stats_inside.trim_start_matches('/'));
+        let _ = std::fs::remove_file(&stats);
+        let args = options.args(Path::new(&stats_inside));
+        let argv: Vec<&str> = std::iter::once(inside)
+            .chain(args.iter().map(String::as_str))
+            .collect();
+        let mut child = container
+            .command(&argv)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|err| panic!("starting alloc_sites {args:?} in the container: {err}"));
+        let stdin = child.stdin.take();
+        // nsenter forks into the pid namespace, then its child execs
+        // alloc_sites: that child's host pid, once it is alloc_sites.
+        let nsenter = child.id();
+        let pid = eventually(Duration::from_secs(10), || {
+            let children =
+                std::fs::read_to_string(format!("/proc/{nsenter}/task/{nsenter}/children")).ok()?;
+            let pid: u32 = children.split_whitespace().next()?.parse().ok()?;
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|comm| comm.trim() == "alloc_sites")
+                .then_some(pid)
+        });
+        let mut workload = Self {
+            child,
+            pid: 0,
+            stdin,
+            stats,
+            _dir: None,
+        };
+        workload.pid = pid.unwrap_or_else(|| {
+            panic!(
+                "no alloc_sites under nsenter ({nsenter}) in the container within 10 s (nsenter {})",
+                if workload.running() { "runs" } else { "exited" }
+            )
+        });
+        workload
+    }
+
+    /// Its pid in the host's pid namespace: what was started (valgrind's,
+    /// when wrapped: valgrind runs the program in its own process), or
+    /// nsenter's child in a container.
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.pid
     }
 
     /// Whether it still runs.
@@ -342,17 +402,26 @@ pub fn shares(values: &[f64]) -> Vec<f64> {
 /// Panics unless each of [`SITES`]' share in `got` is within `points`
 /// percentage points of its share in `expected`; prints both either way.
 pub fn assert_site_shares(what: &str, got: &[f64; 4], expected: &[f64; 4], points: f64) {
+    assert_shares(what, &SITES, got, expected, points);
+}
+
+/// Panics unless each of `names`' share in `got` is within `points`
+/// percentage points of its share in `expected` (both in the order of
+/// `names`); prints both either way.
+pub fn assert_shares(what: &str, names: &[&str], got: &[f64], expected: &[f64], points: f64) {
+    assert_eq!(names.len(), got.len(), "{what}: a value per name");
+    assert_eq!(names.len(), expected.len(), "{what}: an expected value per name");
     let got_shares = shares(got);
     let expected_shares = shares(expected);
     let mut table = String::new();
-    for (index, site) in SITES.iter().enumerate() {
+    for (index, site) in names.iter().enumerate() {
         table.push_str(&format!(
             "  {site:<20} got {:6.2} % ({:.0} bytes), expected {:6.2} % ({:.0} bytes)\n",
             got_shares[index], got[index], expected_shares[index], expected[index]
         ));
     }
     eprintln!("{what}:\n{table}");
-    for (index, site) in SITES.iter().enumerate() {
+    for (index, site) in names.iter().enumerate() {
         let off = (got_shares[index] - expected_shares[index]).abs();
         assert!(
             off <= points,
@@ -507,6 +576,22 @@ impl AllocProfile {
     pub fn at_site(&self, sample_type: &str, site: &str) -> i64 {
         self.by_site(sample_type).get(site).copied().unwrap_or(0)
     }
+
+    /// `sample_type` summed over the samples whose stack holds `function`
+    /// (see [`is_function`]).
+    pub fn under(&self, sample_type: &str, function: &str) -> i64 {
+        self.sum(sample_type, |sample| {
+            sample.functions.iter().any(|frame| is_function(frame, function))
+        })
+    }
+}
+
+/// Whether a frame's name is `function`: exactly, or as a Rust path's last
+/// segment (`crate::function`), or with a compiler's clone suffix
+/// (`function.isra.0`).
+pub fn is_function(frame: &str, function: &str) -> bool {
+    let frame = frame.split('.').next().unwrap_or(frame);
+    frame == function || frame.ends_with(&format!("::{function}"))
 }
 
 /// The numeric label `bytes` of a sample (`go tool pprof -raw` prints it
@@ -646,6 +731,36 @@ pub fn breakpoints(pid: u32) -> Vec<String> {
         }
     }
     probed
+}
+
+/// The libc a process maps, as it names it and as the host reaches it.
+#[derive(Clone, Debug)]
+pub struct MappedLibc {
+    /// The path in the process's /proc/PID/maps (in its own mount namespace).
+    pub path: String,
+    /// /proc/PID/map_files/START-END of its first mapping: the very file
+    /// the process maps, whatever the namespace.
+    pub map_files: PathBuf,
+}
+
+/// The libc `pid` maps (libc.so.* or libc-*), from its first mapping of it.
+pub fn mapped_libc(pid: u32) -> MappedLibc {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .unwrap_or_else(|err| panic!("reading the mappings of {pid}: {err}"));
+    let libc = maps
+        .lines()
+        .filter_map(Mapping::parse)
+        .find(|mapping| {
+            Path::new(&mapping.path)
+                .file_name()
+                .and_then(|name| name.to_str())
+                .is_some_and(|name| name.starts_with("libc.so") || name.starts_with("libc-"))
+        })
+        .unwrap_or_else(|| panic!("{pid} maps no libc:\n{maps}"));
+    MappedLibc {
+        map_files: PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", libc.start, libc.end)),
+        path: libc.path,
+    }
 }
 
 struct Mapping {
@@ -867,18 +982,25 @@ pub fn allocs_path(pid: u32, seconds: u64) -> String {
 /// Panics unless every sample carries the labels of alloc_sites's one
 /// thread (pid, comm, thread_id, thread_name) and a numeric `bytes`.
 pub fn assert_labels(profile: &AllocProfile, pid: u32) {
+    assert_labels_of(profile, pid, "alloc_sites");
+}
+
+/// Panics unless every sample carries the labels of a one-thread program
+/// `comm` of pid `pid` (pid, comm, thread_id, thread_name) and a numeric
+/// `bytes`.
+pub fn assert_labels_of(profile: &AllocProfile, pid: u32, comm: &str) {
     let pid = pid.to_string();
     for sample in &profile.samples {
         for (key, expected) in [
             ("pid", pid.as_str()),
-            ("comm", "alloc_sites"),
+            ("comm", comm),
             ("thread_id", pid.as_str()),
-            ("thread_name", "alloc_sites"),
+            ("thread_name", comm),
         ] {
             assert_eq!(
                 sample.label(key),
                 expected,
-                "{}: every sample's {key} label should be {expected:?} (alloc_sites is one thread); this one: {sample:?}",
+                "{}: every sample's {key} label should be {expected:?} ({comm} is one thread); this one: {sample:?}",
                 profile.file.display()
             );
         }

@@ -167,6 +167,16 @@ impl Container {
             .unwrap_or_else(|err| panic!("running nsenter {command:?}: {err}"))
     }
 
+    /// A command inside (every namespace of PID 1), not started yet: for a
+    /// process that runs alongside the test. nsenter forks into the
+    /// container's pid namespace, so the command runs as the child of the
+    /// process spawned, and nsenter exits with its status.
+    pub fn command(&self, command: &[&str]) -> Command {
+        let mut nsenter = Command::new("nsenter");
+        nsenter.args(["-t", &self.pid1.to_string(), "-a"]).args(command);
+        nsenter
+    }
+
     /// Standard output of a command inside, trimmed (whatever its status).
     pub fn output(&self, command: &[&str]) -> String {
         String::from_utf8_lossy(&self.run(command).stdout)

@@ -21,7 +21,7 @@ use crate::{
     collect::allocations::{AllocError, TraceSummary},
     kind::ProfileType,
     pipeline::TraceError,
-    profile::Window,
+    profile::{Window, pprof},
 };
 
 /// Processes one request may trace.
@@ -76,9 +76,19 @@ pub(super) async fn traced_window(
     let until_ms = state.scrapes.drained_after(&state.pipeline, after_ms).await?;
     let window = Window::between_drains(after_ms, until_ms);
     let key = ShareKey::new(window, params.filter, scope, profile_type, Format::Pprof);
-    let answer = state.scrapes.answer(state.pipeline.store(), key).await?;
+    let mut answer = state.scrapes.answer(state.pipeline.store(), key).await?;
+    let cut_short = cut_short(&summaries);
+    if let Some(reason) = &cut_short {
+        // Said in the profile too (its comments, which `go tool pprof`
+        // prints), not only to this request: the file outlives the headers.
+        let body = answer.body.clone();
+        let note = format!("profilerd: the tracing was cut short: {reason}");
+        if let Ok(Some(commented)) = tokio::task::spawn_blocking(move || with_comment(&body, &note)).await {
+            answer.body = commented.into();
+        }
+    }
     let mut response = answer.into_response();
-    if let Some(value) = cut_short(&summaries).and_then(|text| text.parse().ok()) {
+    if let Some(value) = cut_short.and_then(|text| text.parse().ok()) {
         response
             .headers_mut()
             .insert("profilerd-tracing-cut-short", value);
@@ -107,4 +117,19 @@ fn cut_short(summaries: &[(u32, TraceSummary)]) -> Option<String> {
         .filter_map(|(pid, summary)| Some(format!("{pid}: {}", summary.cut_short.as_deref()?)))
         .collect();
     (!reasons.is_empty()).then(|| reasons.join("; ").replace(['\r', '\n'], " "))
+}
+
+/// The gzipped pprof `body` with `comment` added; None if it is not one.
+fn with_comment(body: &[u8], comment: &str) -> Option<Vec<u8>> {
+    use std::io::Read as _;
+
+    use prost::Message as _;
+
+    let mut raw = Vec::new();
+    flate2::read::GzDecoder::new(body).read_to_end(&mut raw).ok()?;
+    let mut profile = pprof::proto::Profile::decode(raw.as_slice()).ok()?;
+    let index = i64::try_from(profile.string_table.len()).ok()?;
+    profile.string_table.push(comment.to_owned());
+    profile.comment.push(index);
+    pprof::gzip_bytes(&profile.encode_to_vec()).ok()
 }
