@@ -3,29 +3,11 @@ use std::{sync::Arc, time::Duration};
 use super::*;
 use crate::{
     profile::Filter,
-    symbolize::{FrameKind, Function, Line, Location, SymbolizedSample, SymbolizedStack},
+    symbolize::{SymbolizedSample, SymbolizedStack},
 };
 
 pub(super) fn stack(names: &[&str]) -> Arc<SymbolizedStack> {
-    Arc::new(SymbolizedStack {
-        locations: names
-            .iter()
-            .map(|name| Location {
-                kind: FrameKind::User,
-                address: 0x1000,
-                mapping: None,
-                lines: Arc::new([Line {
-                    function: Arc::new(Function {
-                        name: (*name).into(),
-                        system_name: (*name).into(),
-                        filename: None,
-                    }),
-                    line: 0,
-                }]),
-                resolved: true,
-            })
-            .collect(),
-    })
+    crate::symbolize::user_stack(names)
 }
 
 pub(super) fn sample(

@@ -18,6 +18,8 @@ use std::{collections::HashMap, sync::Arc};
 pub use metrics::SymbolizeStatus;
 pub use processes::ProcessStats;
 pub use resolver::ResolverStats;
+#[cfg(test)]
+pub use stack::user_stack;
 pub use stack::{FrameKind, Function, Line, Location, Mapping, SymbolizedSample, SymbolizedStack};
 
 use crate::{

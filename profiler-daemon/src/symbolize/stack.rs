@@ -129,6 +129,30 @@ pub struct SymbolizedSample {
     pub ns_pid: Option<u32>,
 }
 
+/// For tests: a stack of user functions, leaf first, one line each.
+#[cfg(test)]
+pub fn user_stack(names: &[&str]) -> Arc<SymbolizedStack> {
+    Arc::new(SymbolizedStack {
+        locations: names
+            .iter()
+            .map(|name| Location {
+                kind: FrameKind::User,
+                address: 0x1000,
+                mapping: None,
+                lines: Arc::new([Line {
+                    function: Arc::new(Function {
+                        name: (*name).into(),
+                        system_name: (*name).into(),
+                        filename: None,
+                    }),
+                    line: 0,
+                }]),
+                resolved: true,
+            })
+            .collect(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

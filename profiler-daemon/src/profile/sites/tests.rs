@@ -4,30 +4,11 @@ use super::*;
 use crate::{
     kind::ProfileType,
     profile::Window,
-    symbolize::{Function, Line, Location, SymbolizedSample, SymbolizedStack},
+    symbolize::{SymbolizedSample, SymbolizedStack},
 };
 
-/// A stack of user frames, leaf first.
 fn stack(frames: &[&str]) -> Arc<SymbolizedStack> {
-    Arc::new(SymbolizedStack {
-        locations: frames
-            .iter()
-            .map(|name| Location {
-                kind: FrameKind::User,
-                address: 0,
-                mapping: None,
-                lines: Arc::new([Line {
-                    function: Arc::new(Function {
-                        name: (*name).into(),
-                        system_name: (*name).into(),
-                        filename: None,
-                    }),
-                    line: 0,
-                }]),
-                resolved: true,
-            })
-            .collect(),
-    })
+    crate::symbolize::user_stack(frames)
 }
 
 fn sample(kind: SampleKind, stack: &Arc<SymbolizedStack>, count: u64, amount: u64) -> SymbolizedSample {
