@@ -859,3 +859,78 @@ fn leaves(profile: &AllocProfile) -> BTreeMap<String, i64> {
     }
     leaves
 }
+
+/// A process named in `--alloc-trace-comm` is traced while it runs: its
+/// heap (what it allocated since its tracing began and has not freed) is at
+/// `/debug/pprof/heap?pid=P`, at once, with its leak where it leaks; a
+/// process not named gets 404 there, saying how to trace it.
+#[test]
+fn a_process_named_for_tracing_has_its_heap() {
+    let _serial = serial();
+    let daemon = Daemon::start(&[
+        "--alloc-trace-comm",
+        "alloc_sites",
+        "--alloc-sample-bytes",
+        "0",
+        "--alloc-budget-percent",
+        NO_BUDGET,
+    ]);
+    let mut workload = AllocSites::start(Options::all(FOREVER, LIGHT_LEAK_PER_S, LIGHT_SITES_PER_S));
+    workload.wait_until_run(WARM_UP);
+    let pid = workload.pid();
+    let path = format!("/debug/pprof/heap?pid={pid}");
+    // Found within a search of /proc (every 5 s) and the programs' load (~2 s).
+    let asked = std::time::Instant::now();
+    loop {
+        let response = daemon.get(&path);
+        if response.status == 200 {
+            break;
+        }
+        assert!(
+            asked.elapsed() < Duration::from_secs(30),
+            "{path} should answer once the daemon traces alloc_sites by name, still {}: {}",
+            response.status,
+            response.text()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let before = workload.stats();
+    std::thread::sleep(Duration::from_secs(4));
+    let file = artifacts_dir().join("heap-by-name.pb.gz");
+    daemon.fetch_pprof(&path, &file);
+    let after = workload.stats();
+    let profile = AllocProfile::read(&file);
+    profile.assert_heap_sample_types();
+    let comments = profilerd_tests::daemon::go_pprof(&["-comments", &file.display().to_string()]);
+    assert!(
+        comments.contains("in use = allocated since"),
+        "the heap profile should say since when its blocks were allocated: {comments:?}"
+    );
+    let leaked = profile.at_site(INUSE_SPACE, LEAK_SITE);
+    let in_use = profile.sum(INUSE_SPACE, |_| true);
+    assert!(
+        leaked as f64 >= 0.9 * in_use as f64,
+        "the leak should hold >= 90% of what is in use, {leaked} of {in_use} bytes"
+    );
+    // Traced since before `before`, until after `after` was read: the leak
+    // in between is in the heap, and never more than the program leaked.
+    let between = after.bytes(LEAK_SITE) - before.bytes(LEAK_SITE);
+    assert!(
+        leaked as u64 >= between * 95 / 100 && leaked as u64 <= after.bytes(LEAK_SITE),
+        "in use at {LEAK_SITE}: {leaked} bytes, expected at least the {between} leaked in the last 4 s \
+         and at most the {} leaked in the program's life",
+        after.bytes(LEAK_SITE)
+    );
+    let untraced = daemon.get(&format!("/debug/pprof/heap?pid={}", std::process::id()));
+    assert_eq!(untraced.status, 404, "a process not named: {}", untraced.text());
+    assert!(
+        untraced.text().contains("alloc_trace_comms"),
+        "the 404 should say how to trace it: {}",
+        untraced.text()
+    );
+    assert_eq!(
+        daemon.get("/debug/pprof/heap").status,
+        404,
+        "no pid: the 404 scrapers get"
+    );
+}

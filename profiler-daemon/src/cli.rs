@@ -112,6 +112,11 @@ pub struct SamplingArgs {
     /// this percentage of its CPU time stops being traced.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=100))]
     pub alloc_budget_percent: u64,
+    /// Allocation profiles: trace the processes of this name (their comm)
+    /// while the daemon runs, not only for windows asked for; their heap is
+    /// then at /debug/pprof/heap?pid=P. Repeatable.
+    #[arg(long = "alloc-trace-comm", value_name = "COMM")]
+    pub alloc_trace_comms: Vec<String>,
     /// Where the sampled processes' /proc is: the host's, when the daemon
     /// runs in a container with the host's /proc mounted elsewhere (e.g.
     /// /host/proc, with the host's PID namespace for the sampler's pids).
@@ -332,6 +337,7 @@ impl SamplingArgs {
                 budget_percent: self.alloc_budget_percent,
                 ..Default::default()
             },
+            alloc_trace_comms: self.alloc_trace_comms.clone(),
             proc_root: self.proc_root(),
             drain_interval: Duration::from_millis(self.drain_interval_ms),
             store,

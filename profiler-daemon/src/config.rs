@@ -51,6 +51,7 @@ pub struct Config {
     pub alloc_sample_bytes: Option<u64>,
     pub alloc_max_processes: Option<u64>,
     pub alloc_budget_percent: Option<u64>,
+    pub alloc_trace_comms: Option<Vec<String>>,
     pub http_max_connections: Option<u64>,
     pub http_header_timeout_ms: Option<u64>,
     pub http_idle_timeout_seconds: Option<u64>,
@@ -69,12 +70,13 @@ pub struct Config {
 }
 
 /// The keys that are not numbers (RANGES has the others).
-pub const OTHER_KEYS: [&str; 11] = [
+pub const OTHER_KEYS: [&str; 12] = [
     "listen",
     "unwind",
     "off_cpu",
     "python_frames",
     "proc_root",
+    "alloc_trace_comms",
     "access_group",
     "access_token_file",
     "insecure",

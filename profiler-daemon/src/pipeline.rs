@@ -51,6 +51,8 @@ pub struct PipelineOptions {
     pub sampler: SamplerOptions,
     /// Bounds of allocation tracing.
     pub allocations: AllocationLimits,
+    /// Processes (by comm) whose allocations are traced while the daemon runs.
+    pub alloc_trace_comms: Vec<String>,
     pub drain_interval: Duration,
     pub store: StoreConfig,
     /// When not empty, only these processes are symbolized and stored (the
@@ -165,6 +167,7 @@ impl Pipeline {
                 );
                 let reader = Box::new(symbolize::worker::WorkerClient::new(worker));
                 AllocationTracer::new(maps, options.proc_root.clone(), options.allocations, reader)
+                    .tracing_continuously(options.alloc_trace_comms.clone())
             });
         let allocation_stats = tracer.as_ref().map(|tracer| tracer.stats.clone());
         let store = Store::new(options.store, options.sampler.frequency)
@@ -297,6 +300,16 @@ impl Pipeline {
             .await
             .map_err(|_| TraceError::Stopped)?
             .map_err(TraceError::Refused)
+    }
+
+    /// When the continuous tracing of `pid` began (Unix ms); None if it is
+    /// not traced continuously.
+    pub async fn traced_since(&self, pid: u32) -> Result<Option<u64>, PipelineError> {
+        let (reply, answer) = oneshot::channel();
+        self.drain_tx
+            .send(DrainCommand::Allocations(AllocCommand::Since { pid, reply }))
+            .map_err(|_| PipelineError::Stopped)?;
+        answer.await.map_err(|_| PipelineError::Stopped)
     }
 
     /// Ends one reader's tracing of `pid`: what it counted.

@@ -6,6 +6,7 @@
 //! loaded (verified) at the first request, not at start-up.
 
 mod allocator;
+mod continuous;
 mod requests;
 mod state;
 
@@ -43,6 +44,9 @@ struct Trace {
     checked_calls: u64,
     cut_short: Option<String>,
     summary: TraceSummary,
+    /// Traced while the daemon runs (`alloc_trace_comms`), not only for
+    /// windows; since this time (Unix ms).
+    continuous: Option<u64>,
 }
 
 pub struct AllocationTracer {
@@ -52,6 +56,7 @@ pub struct AllocationTracer {
     reader: Box<dyn AllocatorReader + Send>,
     proc_root: ProcRoot,
     limits: AllocationLimits,
+    continuous: continuous::Targets,
     pub stats: Arc<AllocationStats>,
 }
 
@@ -69,14 +74,21 @@ impl AllocationTracer {
             reader,
             proc_root,
             limits,
+            continuous: continuous::Targets::default(),
             stats: Arc::default(),
         }
+    }
+
+    /// Traces the processes named `comms` while the daemon runs.
+    pub fn tracing_continuously(mut self, comms: Vec<String>) -> Self {
+        self.continuous = continuous::Targets::new(comms);
+        self
     }
 
     pub fn handle(&mut self, ebpf: &mut Ebpf, command: AllocCommand) {
         match command {
             AllocCommand::Start { pid, seconds, reply } => {
-                let started = self.start(ebpf, pid, seconds);
+                let started = self.start(ebpf, pid, seconds, false);
                 if let Err(err) = &started {
                     self.stats.refused.fetch_add(1, Ordering::Relaxed);
                     tracing::info!(pid, "allocation tracing refused: {err}");
@@ -87,11 +99,26 @@ impl AllocationTracer {
                 let summary = self.end_one(ebpf, pid);
                 let _ = reply.send(summary);
             }
+            AllocCommand::Since { pid, reply } => {
+                let _ = reply.send(self.traces.get(&pid).and_then(|trace| trace.continuous));
+            }
         }
     }
 
-    fn start(&mut self, ebpf: &mut Ebpf, pid: u32, seconds: Duration) -> Result<(), AllocError> {
+    /// Traces `pid` for a reader's `seconds`, or while the daemon runs
+    /// (`continuous`).
+    fn start(
+        &mut self,
+        ebpf: &mut Ebpf,
+        pid: u32,
+        seconds: Duration,
+        continuous: bool,
+    ) -> Result<(), AllocError> {
         if let Some(trace) = self.traces.get_mut(&pid) {
+            if continuous {
+                trace.continuous.get_or_insert_with(crate::unix_now_ms);
+                return Ok(());
+            }
             let until = Instant::now() + seconds;
             trace.readers += 1;
             trace.until = trace.until.max(until);
@@ -108,7 +135,7 @@ impl AllocationTracer {
             .trace(pid)
             .map_err(|reason| AllocError::Attach { pid, reason })?;
         let mut trace = Trace {
-            readers: 1,
+            readers: usize::from(!continuous),
             // Set once attached: loading the programs first takes seconds.
             until: Instant::now(),
             links: Vec::new(),
@@ -116,6 +143,7 @@ impl AllocationTracer {
             checked_calls: 0,
             cut_short: None,
             summary: TraceSummary::default(),
+            continuous: None,
         };
         let scope = UProbeScope::OneProcess(NonZeroU32::new(pid).ok_or(AllocError::NoProcess(pid))?);
         let mut attached = Ok(());
@@ -152,6 +180,7 @@ impl AllocationTracer {
             return Err(AllocError::Attach { pid, reason });
         }
         trace.until = Instant::now() + seconds;
+        trace.continuous = continuous.then(crate::unix_now_ms);
         self.stats.started.fetch_add(1, Ordering::Relaxed);
         self.stats.traced_now.fetch_add(1, Ordering::Relaxed);
         tracing::info!(pid, files = files.len(), "allocation tracing started");
@@ -197,7 +226,7 @@ impl AllocationTracer {
             };
         }
         let summary = trace.summary.clone();
-        if trace.readers == 0 {
+        if trace.readers == 0 && trace.continuous.is_none() {
             self.end(ebpf, pid, None);
         }
         summary
@@ -227,8 +256,12 @@ impl AllocationTracer {
         let mut ending = Vec::new();
         for (&pid, trace) in &mut self.traces {
             // A reader asks to end at its window's end; a second later, it
-            // is not coming.
-            if now > trace.until + Duration::from_secs(2) {
+            // is not coming. A process traced continuously ends with itself.
+            let over = match trace.continuous {
+                Some(_) => !self.proc_root.exists(pid),
+                None => now > trace.until + Duration::from_secs(2),
+            };
+            if over {
                 ending.push((pid, None));
                 continue;
             }
@@ -277,6 +310,7 @@ impl AllocationTracer {
         for (pid, reason) in ending {
             self.end(ebpf, pid, reason);
         }
+        self.scan(ebpf);
     }
 
     /// Ends every tracing (the daemon stops).

@@ -150,6 +150,9 @@ impl Config {
             self.alloc_budget_percent,
             "alloc_budget_percent",
         );
+        if let (Some(comms), true) = (&self.alloc_trace_comms, from_file.allows("alloc_trace_comms")) {
+            sampling.alloc_trace_comms.clone_from(comms);
+        }
     }
 
     fn apply_access(&self, args: &mut DaemonArgs, from_file: &FromFile) {

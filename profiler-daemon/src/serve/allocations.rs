@@ -7,14 +7,16 @@
 use std::time::Duration;
 
 use axum::{
+    extract::{RawQuery, State},
     http::StatusCode,
     response::{IntoResponse as _, Response},
 };
 
 use super::{
     HttpError, ServeState,
-    access::Scope,
-    params::GoParams,
+    access::{Scope, Viewer},
+    params::{self, GoParams},
+    recent::process_runs,
     scrape::{Format, key::ShareKey},
 };
 use crate::{
@@ -83,7 +85,8 @@ pub(super) async fn traced_window(
         // prints), not only to this request: the file outlives the headers.
         let body = answer.body.clone();
         let note = format!("profilerd: the tracing was cut short: {reason}");
-        if let Ok(Some(commented)) = tokio::task::spawn_blocking(move || with_comment(&body, &note)).await {
+        if let Ok(Some(commented)) = tokio::task::spawn_blocking(move || annotated(&body, &note, false)).await
+        {
             answer.body = commented.into();
         }
     }
@@ -94,6 +97,56 @@ pub(super) async fn traced_window(
             .insert("profilerd-tracing-cut-short", value);
     }
     Ok(response)
+}
+
+/// `GET /debug/pprof/heap?pid=P`, at once: what a process traced while the
+/// daemon runs (`alloc_trace_comms`) allocated since its tracing began and
+/// has not freed, as Go's heap profile (no default sample type: readers
+/// show the last, `inuse_space`). Without such a pid it is the 404 it was
+/// (scrapers ask for Go's heap by default).
+pub(super) async fn heap(
+    State(state): State<ServeState>,
+    Viewer(scope): Viewer,
+    RawQuery(query): RawQuery,
+) -> Result<Response, HttpError> {
+    let profile_type = ProfileType::Alloc;
+    let params = params::parse_go_profile(query.as_deref(), &state.limits(), profile_type)?;
+    let not_traced = |what: String| {
+        HttpError::new(
+            StatusCode::NOT_FOUND,
+            format!(
+                "/debug/pprof/heap: {what}: the heap is kept for processes traced while the daemon runs (alloc_trace_comms); for any process you may see, ask /debug/pprof/allocs?pid=P&seconds=N"
+            ),
+        )
+    };
+    let &[pid] = params.filter.pids.as_slice() else {
+        return Err(not_traced("ask for one pid=P".into()));
+    };
+    state.check_type(profile_type)?;
+    if let Err(reason) = process_runs(state.pipeline.proc_root(), pid, scope.visible) {
+        return Err(HttpError::new(StatusCode::NOT_FOUND, reason));
+    }
+    let since_ms = state
+        .pipeline
+        .traced_since(pid)
+        .await
+        .map_err(|err| HttpError::new(StatusCode::SERVICE_UNAVAILABLE, err.to_string()))?
+        .ok_or_else(|| not_traced(format!("process {pid} is not traced while the daemon runs")))?;
+    let until_ms = state.scrapes.drained(&state.pipeline).await?;
+    let window = Window {
+        start_ms: since_ms,
+        end_ms: until_ms.saturating_add(1),
+    };
+    let key = ShareKey::new(window, params.filter, scope, profile_type, Format::Pprof);
+    let mut answer = state.scrapes.answer(state.pipeline.store(), key).await?;
+    let note = format!(
+        "profilerd: in use = allocated since Unix ms {since_ms} (when tracing of process {pid} began; the store keeps its retention at most) and not freed by Unix ms {until_ms}"
+    );
+    let body = answer.body.clone();
+    if let Ok(Some(annotated)) = tokio::task::spawn_blocking(move || annotated(&body, &note, true)).await {
+        answer.body = annotated.into();
+    }
+    Ok(answer.into_response())
 }
 
 /// The status and message of a refused tracing.
@@ -119,8 +172,9 @@ fn cut_short(summaries: &[(u32, TraceSummary)]) -> Option<String> {
     (!reasons.is_empty()).then(|| reasons.join("; ").replace(['\r', '\n'], " "))
 }
 
-/// The gzipped pprof `body` with `comment` added; None if it is not one.
-fn with_comment(body: &[u8], comment: &str) -> Option<Vec<u8>> {
+/// The gzipped pprof `body` with `comment` added (and without a default
+/// sample type, with `no_default`); None if it is not one.
+fn annotated(body: &[u8], comment: &str, no_default: bool) -> Option<Vec<u8>> {
     use std::io::Read as _;
 
     use prost::Message as _;
@@ -131,5 +185,8 @@ fn with_comment(body: &[u8], comment: &str) -> Option<Vec<u8>> {
     let index = i64::try_from(profile.string_table.len()).ok()?;
     profile.string_table.push(comment.to_owned());
     profile.comment.push(index);
+    if no_default {
+        profile.default_sample_type = 0;
+    }
     pprof::gzip_bytes(&profile.encode_to_vec()).ok()
 }

@@ -25,15 +25,8 @@ use crate::{
 /// Go profiles that this profiler does not have; answered 404 at once.
 /// `block` and `mutex` stay here with off-CPU on: Go's mean contention
 /// events of its own runtime, not where threads sleep in the kernel.
-pub(super) const UNSUPPORTED_GO_PROFILES: [&str; 7] = [
-    "allocs",
-    "heap",
-    "block",
-    "goroutine",
-    "mutex",
-    "threadcreate",
-    "symbol",
-];
+pub(super) const UNSUPPORTED_GO_PROFILES: [&str; 6] =
+    ["allocs", "block", "goroutine", "mutex", "threadcreate", "symbol"];
 
 /// `GET /pprof`: the last `seconds`, or the window `start` to `end`, from
 /// the store, answered at once.

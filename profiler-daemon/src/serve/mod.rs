@@ -120,6 +120,7 @@ pub fn router(state: ServeState) -> Router {
         );
     }
     router = router
+        .route("/debug/pprof/heap", get(allocations::heap))
         .route("/threads", get(views::threads))
         .route("/metrics", get(metrics::metrics))
         .route("/", get(views::index))

@@ -68,6 +68,11 @@ pub enum AllocCommand {
         pid: u32,
         reply: oneshot::Sender<TraceSummary>,
     },
+    /// When the continuous tracing of `pid` began (Unix ms), if it is traced so.
+    Since {
+        pid: u32,
+        reply: oneshot::Sender<Option<u64>>,
+    },
 }
 
 /// How a process's tracing went, for the profile's reader.
