@@ -70,9 +70,15 @@ impl AllocationMaps {
 
     /// Removes the live blocks, stacks and thread states of `pid`.
     pub fn forget(&mut self, pid: u32) {
+        // The kernel restarts a listing from the first key when the key it
+        // continues from was deleted meanwhile (by the probes of another
+        // traced process): bounded, so a busy one cannot hold the drain
+        // thread here. An entry missed stays until this pid's next start.
+        let bound = 2 * maps::DEFAULT_ALLOC_BLOCKS_ENTRIES as usize;
         let blocks: Vec<AllocBlockKey> = self
             .blocks
             .keys()
+            .take(bound)
             .flatten()
             .filter(|key| key.tgid == pid)
             .collect();
@@ -82,6 +88,7 @@ impl AllocationMaps {
         let stacks: Vec<AllocStackKey> = self
             .stacks
             .keys()
+            .take(2 * maps::DEFAULT_ALLOC_STACKS_ENTRIES as usize)
             .flatten()
             .filter(|key| key.tgid == pid)
             .collect();
