@@ -31,11 +31,13 @@ pub use allocator::{
     op_of,
 };
 pub use requests::{AllocCommand, AllocError, AllocationLimits, AllocationStats, TraceSummary};
-pub use state::AllocationMaps;
+pub use state::{AllocationMapHandles, AllocationMaps};
 
 use crate::procfs::ProcRoot;
 
 struct Trace {
+    /// The traced process's owner (real uid); None if unknown.
+    owner: Option<u32>,
     readers: usize,
     until: Instant,
     links: Vec<(&'static str, UProbeLinkId)>,
@@ -127,6 +129,15 @@ impl AllocationTracer {
         if self.traces.len() >= self.limits.max_processes {
             return Err(AllocError::TooMany(self.limits.max_processes));
         }
+        // One user's processes may take half the slots, not all: another's
+        // (root's included) can still be traced. Root's own are not bounded.
+        let owner = process_owner(&self.proc_root, pid);
+        if let Some(uid) = owner.filter(|&uid| uid != 0) {
+            let limit = (self.limits.max_processes / 2).max(1);
+            if self.traces.values().filter(|trace| trace.owner == owner).count() >= limit {
+                return Err(AllocError::UserShare { uid, limit });
+            }
+        }
         let files = allocator::probed_files(&self.proc_root, pid, self.reader.as_mut())?;
         self.load(ebpf)
             .map_err(|reason| AllocError::Attach { pid, reason })?;
@@ -135,6 +146,7 @@ impl AllocationTracer {
             .trace(pid)
             .map_err(|reason| AllocError::Attach { pid, reason })?;
         let mut trace = Trace {
+            owner,
             readers: usize::from(!continuous),
             // Set once attached: loading the programs first takes seconds.
             until: Instant::now(),
@@ -350,4 +362,16 @@ fn process_cpu_ns(proc: &ProcRoot, pid: u32) -> Option<u64> {
     let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok()??;
     let hz = u64::try_from(hz).ok()?.max(1);
     Some(ticks * (1_000_000_000 / hz))
+}
+
+/// The real uid of `pid`, from /proc/PID/status.
+fn process_owner(proc: &ProcRoot, pid: u32) -> Option<u32> {
+    let status = proc.read(pid, "status").ok()?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("Uid:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }

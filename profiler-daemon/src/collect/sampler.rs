@@ -135,7 +135,15 @@ impl Sampler {
         if !self.kinds.contains(crate::kind::SampleKind::Alloc) {
             return Ok(None);
         }
-        super::allocations::AllocationMaps::take(&mut self.ebpf, interval, proc_root).map(Some)
+        let ebpf = &mut self.ebpf;
+        let handles = super::allocations::AllocationMapHandles {
+            traced: convert(ebpf, maps::ALLOC_TRACED)?,
+            threads: convert(ebpf, maps::ALLOC_THREADS)?,
+            blocks: convert(ebpf, maps::ALLOC_BLOCKS)?,
+            stacks: convert(ebpf, maps::ALLOC_STACKS)?,
+            draws: convert(ebpf, maps::ALLOC_DRAWS)?,
+        };
+        super::allocations::AllocationMaps::new(handles, interval, proc_root).map(Some)
     }
 
     /// Ids of the loaded programs (for tests and diagnostics).

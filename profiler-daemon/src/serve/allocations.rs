@@ -156,7 +156,9 @@ fn refusal(err: TraceError) -> HttpError {
         TraceError::Refused(AllocError::Go(_) | AllocError::NoAllocator(_) | AllocError::Unavailable) => {
             StatusCode::UNPROCESSABLE_ENTITY
         }
-        TraceError::Refused(AllocError::TooMany(_)) => StatusCode::TOO_MANY_REQUESTS,
+        TraceError::Refused(AllocError::TooMany(_) | AllocError::UserShare { .. }) => {
+            StatusCode::TOO_MANY_REQUESTS
+        }
         TraceError::Refused(AllocError::Attach { .. }) => StatusCode::INTERNAL_SERVER_ERROR,
         TraceError::Stopped => StatusCode::SERVICE_UNAVAILABLE,
     };

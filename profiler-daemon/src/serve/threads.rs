@@ -24,6 +24,15 @@ pub struct WindowReport {
     pub end_ms: u64,
 }
 
+impl From<crate::profile::Window> for WindowReport {
+    fn from(window: crate::profile::Window) -> Self {
+        Self {
+            start_ms: window.start_ms,
+            end_ms: window.end_ms,
+        }
+    }
+}
+
 #[derive(Debug, Serialize, PartialEq, Eq)]
 pub struct ProcessReport {
     pub pid: u32,

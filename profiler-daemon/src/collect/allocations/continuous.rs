@@ -66,7 +66,7 @@ impl AllocationTracer {
             match self.start(ebpf, pid, Duration::ZERO, true) {
                 Ok(()) => tracing::info!(pid, comm = comm.trim_end(), "traced while it runs"),
                 // Room may come: asked again at the next search.
-                Err(super::AllocError::TooMany(_)) => {}
+                Err(super::AllocError::TooMany(_) | super::AllocError::UserShare { .. }) => {}
                 Err(err) => {
                     tracing::info!(pid, "not traced while it runs: {err}");
                     if self.continuous.passed.len() >= MAX_PASSED {

@@ -49,6 +49,10 @@ pub enum AllocError {
     Unavailable,
     #[error("{0} processes are traced already (allocations.max_processes): try again when a window ends")]
     TooMany(usize),
+    #[error(
+        "user {uid} has {limit} processes traced already, its share of alloc_max_processes: try again when a window ends"
+    )]
+    UserShare { uid: u32, limit: usize },
     #[error("attaching the allocator probes to process {pid}: {reason}")]
     Attach { pid: u32, reason: String },
 }

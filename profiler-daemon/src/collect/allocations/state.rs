@@ -2,10 +2,7 @@
 //! traced (and what it cost them), and forgetting what the kernel held for
 //! a process when its tracing starts and ends.
 
-use aya::{
-    Ebpf,
-    maps::{Array, HashMap, MapData},
-};
+use aya::maps::{Array, HashMap, MapData};
 use profiler_common::{
     ALLOC_DRAW_COUNT, AllocBlock, AllocBlockKey, AllocStackKey, AllocThread, AllocTraced, UnwoundStack, maps,
 };
@@ -17,35 +14,50 @@ pub struct AllocationMaps {
     threads: HashMap<MapData, u32, AllocThread>,
     blocks: HashMap<MapData, AllocBlockKey, AllocBlock>,
     stacks: HashMap<MapData, AllocStackKey, UnwoundStack>,
+    /// Held, not read again: the programs, loaded later, use it.
+    _draws: Array<MapData, u64>,
     proc_root: ProcRoot,
 }
 
-fn take<K: aya::Pod, V: aya::Pod>(
-    ebpf: &mut Ebpf,
-    name: &'static str,
-) -> Result<HashMap<MapData, K, V>, CollectError> {
-    let map = ebpf.take_map(name).ok_or(CollectError::MissingMap { name })?;
-    HashMap::try_from(map).map_err(|source| CollectError::Map { name, source })
+/// The allocation probes' maps, as taken out of the loaded object (see
+/// `Sampler::take_allocation_maps`).
+pub struct AllocationMapHandles {
+    pub traced: HashMap<MapData, u32, AllocTraced>,
+    pub threads: HashMap<MapData, u32, AllocThread>,
+    pub blocks: HashMap<MapData, AllocBlockKey, AllocBlock>,
+    pub stacks: HashMap<MapData, AllocStackKey, UnwoundStack>,
+    pub draws: Array<MapData, u64>,
 }
 
 impl AllocationMaps {
-    /// Takes the maps out of the loaded object and fills the sampling
-    /// table for a mean interval of `interval` bytes.
-    pub fn take(ebpf: &mut Ebpf, interval: u64, proc_root: ProcRoot) -> Result<Self, CollectError> {
-        let name = maps::ALLOC_DRAWS;
-        let mut draws: Array<_, u64> =
-            Array::try_from(ebpf.map_mut(name).ok_or(CollectError::MissingMap { name })?)
-                .map_err(|source| CollectError::Map { name, source })?;
+    /// Keeps the maps and fills the sampling table for a mean interval of
+    /// `interval` bytes.
+    pub fn new(
+        handles: AllocationMapHandles,
+        interval: u64,
+        proc_root: ProcRoot,
+    ) -> Result<Self, CollectError> {
+        let AllocationMapHandles {
+            traced,
+            threads,
+            blocks,
+            stacks,
+            mut draws,
+        } = handles;
         for (index, draw) in exponential_draws(interval).into_iter().enumerate() {
             draws
                 .set(index as u32, &draw, 0)
-                .map_err(|source| CollectError::Map { name, source })?;
+                .map_err(|source| CollectError::Map {
+                    name: maps::ALLOC_DRAWS,
+                    source,
+                })?;
         }
         Ok(Self {
-            traced: take(ebpf, maps::ALLOC_TRACED)?,
-            threads: take(ebpf, maps::ALLOC_THREADS)?,
-            blocks: take(ebpf, maps::ALLOC_BLOCKS)?,
-            stacks: take(ebpf, maps::ALLOC_STACKS)?,
+            traced,
+            threads,
+            blocks,
+            stacks,
+            _draws: draws,
             proc_root,
         })
     }

@@ -110,10 +110,7 @@ fn render_top(profile: &Profile, json: bool, limit: usize) -> std::io::Result<(V
         let sites = sites::sites(profile, limit);
         if json {
             let report = SitesReport {
-                window: WindowReport {
-                    start_ms: profile.window.start_ms,
-                    end_ms: profile.window.end_ms,
-                },
+                window: profile.window.into(),
                 profile_type: profile.profile_type.name(),
                 sample_bytes: profile.alloc_interval,
                 sites,
@@ -128,10 +125,7 @@ fn render_top(profile: &Profile, json: bool, limit: usize) -> std::io::Result<(V
     let functions = top::top(profile, limit);
     if json {
         let report = TopReport {
-            window: WindowReport {
-                start_ms: profile.window.start_ms,
-                end_ms: profile.window.end_ms,
-            },
+            window: profile.window.into(),
             profile_type: profile.profile_type.name(),
             unit: profile.value_unit(),
             functions,
