@@ -155,7 +155,17 @@ for cfg in "${configs[@]}"; do
     wait "$daemon" || true
 done
 
-# The tools, timed by the storm itself (without their start and exit).
+# The tools, timed by the storm itself (without their start and exit);
+# Debian's packages, installed if missing (a tool that cannot be is left out,
+# and said so).
+for package in valgrind heaptrack; do
+    if ! command -v "$package" >/dev/null; then
+        echo "bench: installing $package" >&2
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$package" >/dev/null 2>&1 ||
+            { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$package" >/dev/null; } ||
+            echo "bench: could not install $package: its row is left out" >&2
+    fi
+done
 tools=()
 command -v valgrind >/dev/null && tools+=(dhat)
 command -v heaptrack >/dev/null && tools+=(heaptrack)
