@@ -161,9 +161,11 @@ impl Pipeline {
         let tracer = sampler
             .take_allocation_maps(options.sampler.alloc_sample_bytes, options.proc_root.clone())?
             .map(|maps| {
+                // The tracer asks on the drain thread: a short deadline per
+                // file, whatever symbolization's is.
                 let worker = WorkerConfig::this_binary(
                     options.symbolizer.worker_memory_bytes,
-                    options.symbolizer.worker_deadline,
+                    options.symbolizer.worker_deadline.min(Duration::from_secs(5)),
                 );
                 let reader = Box::new(symbolize::worker::WorkerClient::new(worker));
                 AllocationTracer::new(maps, options.proc_root.clone(), options.allocations, reader)

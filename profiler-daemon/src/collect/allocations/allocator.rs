@@ -41,6 +41,10 @@ pub struct FileAllocator {
 const MAX_MAPS_BYTES: u64 = 16 << 20;
 /// Files asked about per process, at most.
 const MAX_FILES: usize = 8;
+/// No file is asked about once this long has gone on one process: the
+/// worker may take its deadline on each file the process's owner crafted,
+/// and this runs on the drain thread (its watchdog ends the daemon at 30 s).
+const MAX_SEARCH: std::time::Duration = std::time::Duration::from_secs(8);
 /// Library names (before `.so`) whose allocator entry points are probed.
 const ALLOCATOR_LIBRARIES: [&str; 5] = [
     "libc",
@@ -147,7 +151,12 @@ pub fn probed_files(
     let mut seen = HashSet::new();
     let mut files = Vec::new();
     let mut go = false;
+    let started = std::time::Instant::now();
     for line in maps.lines().filter_map(parse_maps_line) {
+        if started.elapsed() > MAX_SEARCH {
+            tracing::info!(pid, "allocator search stopped after {MAX_SEARCH:?}");
+            break;
+        }
         if !line.executable || !line.path.starts_with('/') || files.len() == MAX_FILES {
             continue;
         }
