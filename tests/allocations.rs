@@ -23,6 +23,7 @@ use profilerd_tests::{
         LEAK_SITE, MIB, NO_SITE, Options, SITES, allocs_path, assert_labels, assert_labels_of, assert_shares,
         assert_site_shares, assert_space_is_objects_times_size, binary, breakpoints, bytes_label, eventually,
         go_allocs, is_function, link_ids, mapped_libc, observe, run_under_dhat, sigkill, site_of, uprobes_of,
+        wait_until_traced,
     },
     artifacts_dir,
     container::Container,
@@ -879,21 +880,7 @@ fn a_process_named_for_tracing_has_its_heap() {
     workload.wait_until_run(WARM_UP);
     let pid = workload.pid();
     let path = format!("/debug/pprof/heap?pid={pid}");
-    // Found within a search of /proc (every 5 s) and the programs' load (~2 s).
-    let asked = std::time::Instant::now();
-    loop {
-        let response = daemon.get(&path);
-        if response.status == 200 {
-            break;
-        }
-        assert!(
-            asked.elapsed() < Duration::from_secs(30),
-            "{path} should answer once the daemon traces alloc_sites by name, still {}: {}",
-            response.status,
-            response.text()
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    wait_until_traced(&daemon, pid);
     let before = workload.stats();
     std::thread::sleep(Duration::from_secs(4));
     let file = artifacts_dir().join("heap-by-name.pb.gz");

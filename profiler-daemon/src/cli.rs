@@ -114,9 +114,17 @@ pub struct SamplingArgs {
     pub alloc_budget_percent: u64,
     /// Allocation profiles: trace the processes of this name (their comm)
     /// while the daemon runs, not only for windows asked for; their heap is
-    /// then at /debug/pprof/heap?pid=P. Repeatable.
+    /// then at /debug/pprof/heap?pid=P, and pushed. Repeatable.
     #[arg(long = "alloc-trace-comm", value_name = "COMM")]
     pub alloc_trace_comms: Vec<String>,
+    /// Allocation profiles: trace the processes of this systemd unit
+    /// (`nginx.service`) while the daemon runs. Repeatable.
+    #[arg(long = "alloc-trace-unit", value_name = "UNIT")]
+    pub alloc_trace_units: Vec<String>,
+    /// Allocation profiles: trace this process while the daemon runs.
+    /// Repeatable.
+    #[arg(long = "alloc-trace-pid", value_name = "PID")]
+    pub alloc_trace_pids: Vec<u32>,
     /// Where the sampled processes' /proc is: the host's, when the daemon
     /// runs in a container with the host's /proc mounted elsewhere (e.g.
     /// /host/proc, with the host's PID namespace for the sampler's pids).
@@ -337,7 +345,11 @@ impl SamplingArgs {
                 budget_percent: self.alloc_budget_percent,
                 ..Default::default()
             },
-            alloc_trace_comms: self.alloc_trace_comms.clone(),
+            alloc_targets: crate::collect::allocations::AllocTargets {
+                pids: self.alloc_trace_pids.clone(),
+                units: self.alloc_trace_units.clone(),
+                comms: self.alloc_trace_comms.clone(),
+            },
             proc_root: self.proc_root(),
             drain_interval: Duration::from_millis(self.drain_interval_ms),
             store,

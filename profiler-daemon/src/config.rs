@@ -52,6 +52,8 @@ pub struct Config {
     pub alloc_max_processes: Option<u64>,
     pub alloc_budget_percent: Option<u64>,
     pub alloc_trace_comms: Option<Vec<String>>,
+    pub alloc_trace_units: Option<Vec<String>>,
+    pub alloc_trace_pids: Option<Vec<u32>>,
     pub http_max_connections: Option<u64>,
     pub http_header_timeout_ms: Option<u64>,
     pub http_idle_timeout_seconds: Option<u64>,
@@ -70,13 +72,15 @@ pub struct Config {
 }
 
 /// The keys that are not numbers (RANGES has the others).
-pub const OTHER_KEYS: [&str; 12] = [
+pub const OTHER_KEYS: [&str; 14] = [
     "listen",
     "unwind",
     "off_cpu",
     "python_frames",
     "proc_root",
     "alloc_trace_comms",
+    "alloc_trace_units",
+    "alloc_trace_pids",
     "access_group",
     "access_token_file",
     "insecure",

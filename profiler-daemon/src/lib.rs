@@ -27,6 +27,7 @@ pub mod config;
 pub mod daemon;
 pub mod entry;
 pub mod error;
+pub mod filter;
 pub mod kind;
 pub mod pipeline;
 pub mod procfs;

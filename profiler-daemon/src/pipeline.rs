@@ -25,7 +25,8 @@ use crate::{
         self, CollectError, DrainStatus, MapSizes, OpenFileStats, OpenFiles, ProcessNotice, ProcessWatcher,
         RawBatch, Sampler, SamplerOptions, SnapshotReader, WatcherStats,
         allocations::{
-            AllocCommand, AllocError, AllocationLimits, AllocationStats, AllocationTracer, TraceSummary,
+            AllocCommand, AllocError, AllocTargets, AllocationLimits, AllocationStats, AllocationTracer,
+            ContinuousTrace, TraceSummary,
         },
         metrics::CollectFigures,
         unwind_tables::UnwindStats,
@@ -51,8 +52,8 @@ pub struct PipelineOptions {
     pub sampler: SamplerOptions,
     /// Bounds of allocation tracing.
     pub allocations: AllocationLimits,
-    /// Processes (by comm) whose allocations are traced while the daemon runs.
-    pub alloc_trace_comms: Vec<String>,
+    /// Processes whose allocations are traced while the daemon runs.
+    pub alloc_targets: AllocTargets,
     pub drain_interval: Duration,
     pub store: StoreConfig,
     /// When not empty, only these processes are symbolized and stored (the
@@ -169,7 +170,7 @@ impl Pipeline {
                 );
                 let reader = Box::new(symbolize::worker::WorkerClient::new(worker));
                 AllocationTracer::new(maps, options.proc_root.clone(), options.allocations, reader)
-                    .tracing_continuously(options.alloc_trace_comms.clone())
+                    .tracing_continuously(&options.alloc_targets)
             });
         let allocation_stats = tracer.as_ref().map(|tracer| tracer.stats.clone());
         let store = Store::new(options.store, options.sampler.frequency)
@@ -304,12 +305,11 @@ impl Pipeline {
             .map_err(TraceError::Refused)
     }
 
-    /// When the continuous tracing of `pid` began (Unix ms); None if it is
-    /// not traced continuously.
-    pub async fn traced_since(&self, pid: u32) -> Result<Option<u64>, PipelineError> {
+    /// The processes traced while the daemon runs, by pid, and since when.
+    pub async fn traced_continuously(&self) -> Result<Vec<ContinuousTrace>, PipelineError> {
         let (reply, answer) = oneshot::channel();
         self.drain_tx
-            .send(DrainCommand::Allocations(AllocCommand::Since { pid, reply }))
+            .send(DrainCommand::Allocations(AllocCommand::Continuous { reply }))
             .map_err(|_| PipelineError::Stopped)?;
         answer.await.map_err(|_| PipelineError::Stopped)
     }

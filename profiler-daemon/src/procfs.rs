@@ -52,6 +52,18 @@ impl ProcRoot {
         std::fs::read_to_string(self.file(pid, name))
     }
 
+    /// The processes there now (the numeric entries), in no order; none if
+    /// the directory cannot be read.
+    pub fn pids(&self) -> Vec<u32> {
+        let Ok(entries) = std::fs::read_dir(&*self.root) else {
+            return Vec::new();
+        };
+        entries
+            .flatten()
+            .filter_map(|entry| entry.file_name().to_str()?.parse().ok())
+            .collect()
+    }
+
     /// Whether process `pid` exists (as a process or a thread id).
     pub fn exists(&self, pid: u32) -> bool {
         self.process(pid).exists()

@@ -1048,6 +1048,26 @@ pub fn assert_space_is_objects_times_size(profile: &AllocProfile, exact: bool) {
     }
 }
 
+/// Waits until the daemon traces `pid` while it runs (its heap answers).
+pub fn wait_until_traced(daemon: &Daemon, pid: u32) {
+    let path = format!("/debug/pprof/heap?pid={pid}");
+    // Found within a search of /proc (every 5 s) and the programs' load.
+    let asked = Instant::now();
+    loop {
+        let response = daemon.get(&path);
+        if response.status == 200 {
+            return;
+        }
+        assert!(
+            asked.elapsed() < Duration::from_secs(30),
+            "{path} should answer once the daemon traces the process, still {}: {}",
+            response.status,
+            response.text()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -243,6 +243,21 @@ impl Parca {
             .unwrap_or_default()
     }
 
+    /// Cumulative values per function name (what the stacks through it
+    /// add up to) of the profiles `query` selects in [start_ms, end_ms],
+    /// merged.
+    pub fn cumulative(&self, query: &str, start_ms: u64, end_ms: u64) -> HashMap<String, i64> {
+        let json = self.query(&["top", query, &start_ms.to_string(), &end_ms.to_string()]);
+        json["cum"]
+            .as_object()
+            .map(|cum| {
+                cum.iter()
+                    .map(|(name, value)| (name.clone(), value.as_i64().unwrap_or(0)))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     /// Every profile `query` selects in [start_ms, end_ms], as (its start
     /// in Unix ms, its duration in ms, its value summed over series),
     /// oldest first.

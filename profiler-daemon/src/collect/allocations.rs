@@ -8,6 +8,7 @@
 mod allocator;
 mod continuous;
 mod requests;
+mod selection;
 mod state;
 
 use std::{
@@ -30,7 +31,10 @@ pub use allocator::{
     ALLOCATOR_NAMES, AllocatorReader, FileAllocator, JEMALLOC_EXTENDED, JEMALLOC_PREFIXES, is_allocator_name,
     op_of,
 };
-pub use requests::{AllocCommand, AllocError, AllocationLimits, AllocationStats, TraceSummary};
+pub use requests::{
+    AllocCommand, AllocError, AllocationLimits, AllocationStats, ContinuousTrace, TraceSummary,
+};
+pub use selection::{AllocTargets, running};
 pub use state::{AllocationMapHandles, AllocationMaps};
 
 use crate::procfs::ProcRoot;
@@ -81,9 +85,9 @@ impl AllocationTracer {
         }
     }
 
-    /// Traces the processes named `comms` while the daemon runs.
-    pub fn tracing_continuously(mut self, comms: Vec<String>) -> Self {
-        self.continuous = continuous::Targets::new(comms);
+    /// Traces the processes `targets` names while the daemon runs.
+    pub fn tracing_continuously(mut self, targets: &AllocTargets) -> Self {
+        self.continuous = continuous::Targets::new(targets);
         self
     }
 
@@ -101,8 +105,19 @@ impl AllocationTracer {
                 let summary = self.end_one(ebpf, pid);
                 let _ = reply.send(summary);
             }
-            AllocCommand::Since { pid, reply } => {
-                let _ = reply.send(self.traces.get(&pid).and_then(|trace| trace.continuous));
+            AllocCommand::Continuous { reply } => {
+                let mut traced: Vec<ContinuousTrace> = self
+                    .traces
+                    .iter()
+                    .filter_map(|(&pid, trace)| {
+                        Some(ContinuousTrace {
+                            pid,
+                            since_ms: trace.continuous?,
+                        })
+                    })
+                    .collect();
+                traced.sort_unstable_by_key(|trace| trace.pid);
+                let _ = reply.send(traced);
             }
         }
     }

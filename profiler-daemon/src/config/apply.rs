@@ -153,6 +153,12 @@ impl Config {
         if let (Some(comms), true) = (&self.alloc_trace_comms, from_file.allows("alloc_trace_comms")) {
             sampling.alloc_trace_comms.clone_from(comms);
         }
+        if let (Some(units), true) = (&self.alloc_trace_units, from_file.allows("alloc_trace_units")) {
+            sampling.alloc_trace_units.clone_from(units);
+        }
+        if let (Some(pids), true) = (&self.alloc_trace_pids, from_file.allows("alloc_trace_pids")) {
+            sampling.alloc_trace_pids.clone_from(pids);
+        }
     }
 
     fn apply_access(&self, args: &mut DaemonArgs, from_file: &FromFile) {

@@ -14,7 +14,7 @@ pub fn describe(args: &DaemonArgs) -> String {
          max_open_files = {}\nsymbolizer_memory_mb = {}\nsymbolizer_deadline_ms = {}\n\
          unwind = \"{}\"\nunwind_table_memory_mb = {}\nunwind_table_user_share_percent = {}\n\
          off_cpu = {}\noff_cpu_sample_every = {}\noff_cpu_min_us = {}\npython_frames = {}\nproc_root = {:?}\n\
-         alloc_sample_bytes = {}\nalloc_max_processes = {}\nalloc_budget_percent = {}\nalloc_trace_comms = {:?}\n\
+         alloc_sample_bytes = {}\nalloc_max_processes = {}\nalloc_budget_percent = {}\nalloc_trace_comms = {:?}\nalloc_trace_units = {:?}\nalloc_trace_pids = {:?}\n\
          http_max_connections = {}\nhttp_header_timeout_ms = {}\nhttp_idle_timeout_seconds = {}\n\
          scrape_concurrency = {}\nscrape_queue = {}\nscrape_memory_mb = {}\nscrape_share_ms = {}\n\
          access_group = {:?}\naccess_token_file = {:?}\ninsecure = {}\n\
@@ -43,6 +43,8 @@ pub fn describe(args: &DaemonArgs) -> String {
         s.alloc_max_processes,
         s.alloc_budget_percent,
         s.alloc_trace_comms,
+        s.alloc_trace_units,
+        s.alloc_trace_pids,
         h.http_max_connections,
         h.http_header_timeout_ms,
         h.http_idle_timeout_seconds,

@@ -60,6 +60,10 @@ pub enum ViewValue {
 pub struct PushNames {
     pub pyroscope: Option<&'static str>,
     pub parca: Option<&'static str>,
+    /// Pushed per process traced while the daemon runs, as Go programs
+    /// push their heap: each window's allocations, and the live set since
+    /// tracing began (`push/heap.rs`); not the whole machine's window.
+    pub as_heap: bool,
 }
 
 /// Everything that varies with a [`ProfileType`].
@@ -112,6 +116,7 @@ impl ProfileType {
                 push: PushNames {
                     pyroscope: Some("process_cpu"),
                     parca: Some("process_cpu"),
+                    as_heap: false,
                 },
                 explanation: "CPU is measured in the kernel, as a share of one CPU: 100% is one CPU busy for the whole window.",
                 threads_total: None,
@@ -130,6 +135,7 @@ impl ProfileType {
                 push: PushNames {
                     pyroscope: Some("off_cpu"),
                     parca: Some("off_cpu"),
+                    as_heap: false,
                 },
                 explanation: "off-CPU is the time threads waited (blocked, or runnable for a CPU), as a share of one thread: 100% is one thread waiting for the whole window.",
                 threads_total: Some("off_cpu_ns"),
@@ -149,11 +155,13 @@ impl ProfileType {
                 push: PushNames {
                     pyroscope: None,
                     parca: None,
+                    as_heap: false,
                 },
                 explanation: "wall-clock is CPU plus off-CPU time, as a share of one thread: 100% is one thread's whole window.",
                 threads_total: None,
             },
-            // Pushed once traced continuously (not yet): on-demand windows only.
+            // Pushed for the processes traced while the daemon runs, under
+            // the name Go programs' heaps have in both backends.
             Self::Alloc => &TypeDescription {
                 name: "alloc",
                 aliases: &["allocs", "allocations"],
@@ -171,8 +179,9 @@ impl ProfileType {
                 views_count: ViewValue::Amount,
                 go_path: "/debug/pprof/allocs",
                 push: PushNames {
-                    pyroscope: None,
-                    parca: None,
+                    pyroscope: Some("memory"),
+                    parca: Some("memory"),
+                    as_heap: true,
                 },
                 explanation: "allocations are the bytes a traced process allocated in the window (estimated from samples), as a share of all it allocated.",
                 threads_total: None,

@@ -123,8 +123,8 @@ fn allocations(tracer: &mut Option<AllocationTracer>, sampler: &mut Sampler, com
         (None, AllocCommand::End { reply, .. }) => {
             let _ = reply.send(TraceSummary::default());
         }
-        (None, AllocCommand::Since { reply, .. }) => {
-            let _ = reply.send(None);
+        (None, AllocCommand::Continuous { reply }) => {
+            let _ = reply.send(Vec::new());
         }
     }
 }

@@ -1,7 +1,6 @@
 //! Stage 4's input: a [`Profile`] (what the store answers) and the formats it
 //! is written in.
 
-mod filter;
 pub mod flamegraph;
 pub mod folded;
 mod kernel_addresses;
@@ -10,7 +9,7 @@ pub mod sites;
 pub mod top;
 mod window;
 
-pub use filter::Filter;
+pub use crate::filter::Filter;
 pub use window::Window;
 
 use crate::{

@@ -85,6 +85,28 @@ pub fn build(profile: &Profile) -> proto::Profile {
 
 /// The pprof message for `profile`, its samples labelled as `labels` says.
 pub fn build_with(profile: &Profile, labels: SampleLabels) -> proto::Profile {
+    let columns = 0..profile.profile_type.sample_types().len();
+    build_rows(profile, rows(profile), labels, columns)
+}
+
+/// A profile's samples as pprof rows: each with its recorded values, those
+/// of one stack and thread that the type nets (an allocation's frees) as one.
+pub fn rows(profile: &Profile) -> Vec<Row<'_>> {
+    merged(profile)
+}
+
+/// A pprof sample to be: a sample and its recorded (unscaled) values.
+pub type Row<'a> = (&'a SymbolizedSample, [i64; super::MAX_VALUES]);
+
+/// The pprof message of `rows` (samples of `profile`'s type, window and
+/// rates, valued as [`rows`] values them) with only the sample types in
+/// `columns`: a pushed heap sends its allocations and its live set apart.
+pub fn build_rows(
+    profile: &Profile,
+    rows: Vec<Row<'_>>,
+    labels: SampleLabels,
+    columns: std::ops::Range<usize>,
+) -> proto::Profile {
     let mut builder = Builder::default();
     // `go tool pprof` names a profile after its first mapping: for one
     // program's profile, that is its executable rather than the kernel.
@@ -92,7 +114,7 @@ pub fn build_with(profile: &Profile, labels: SampleLabels) -> proto::Profile {
         builder.mapping(executable);
     }
     let description = profile.profile_type.describe();
-    let sample_type: Vec<proto::ValueType> = description
+    let all_types: Vec<proto::ValueType> = description
         .sample_types
         .iter()
         .map(|&(r#type, unit)| proto::ValueType {
@@ -101,8 +123,8 @@ pub fn build_with(profile: &Profile, labels: SampleLabels) -> proto::Profile {
         })
         .collect();
     let (period_type, period) = match description.period {
-        Period::SamplingInterval => (sample_type[1], period_nanos(profile.frequency)),
-        Period::One => (sample_type[1], 1),
+        Period::SamplingInterval => (all_types[1], period_nanos(profile.frequency)),
+        Period::One => (all_types[1], 1),
         Period::AllocationInterval => (
             proto::ValueType {
                 r#type: builder.string("space"),
@@ -113,8 +135,13 @@ pub fn build_with(profile: &Profile, labels: SampleLabels) -> proto::Profile {
     };
     let default_sample_type = description
         .default_sample_type
+        .filter(|name| {
+            description.sample_types[columns.clone()]
+                .iter()
+                .any(|(kind, _)| kind == name)
+        })
         .map_or(0, |name| builder.string(name));
-    let columns = sample_type.len();
+    let sample_type = all_types[columns.clone()].to_vec();
     let keys = LabelKeys {
         pid: builder.string("pid"),
         comm: builder.string("comm"),
@@ -124,11 +151,18 @@ pub fn build_with(profile: &Profile, labels: SampleLabels) -> proto::Profile {
 
     // Grouped by process and thread so a process's mappings get neighbouring
     // ids; stable, so equal inputs give equal outputs.
-    let mut order = merged(profile);
+    let mut order = rows;
     order.sort_by_key(|(sample, _)| (sample.pid, sample.tid));
     let mut samples = Vec::with_capacity(order.len());
+    let some_columns = columns.len() < all_types.len();
     for (sample, values) in order {
         let values = profile.scaled(values);
+        let values = &values[columns.clone()];
+        // A row with nothing in the columns kept (a heap's allocations in
+        // its live set's columns) is no sample.
+        if some_columns && values.iter().all(|&value| value <= 0) {
+            continue;
+        }
         let location_id = builder.stack(&sample.stack);
         let mut label = match labels {
             SampleLabels::All => all_labels(&mut builder, &keys, sample),
@@ -138,11 +172,13 @@ pub fn build_with(profile: &Profile, labels: SampleLabels) -> proto::Profile {
             ],
             SampleLabels::None => Vec::new(),
         };
-        if description.scale == crate::kind::Scale::SampledBytes && values[0] > 0 {
+        if description.scale == crate::kind::Scale::SampledBytes
+            && let Some(pair) = values.as_chunks::<2>().0.iter().find(|pair| pair[0] > 0)
+        {
             // Go's heap profiles: the average block size of the sample.
             label.push(proto::Label {
                 key: builder.string("bytes"),
-                num: values[1] / values[0],
+                num: pair[1] / pair[0],
                 num_unit: builder.string("bytes"),
                 ..proto::Label::default()
             });
@@ -151,7 +187,7 @@ pub fn build_with(profile: &Profile, labels: SampleLabels) -> proto::Profile {
             location_id,
             // Measured time (CPU time, or the time waited), not count × period;
             // what a free takes away from in-use never goes below nothing.
-            value: values[..columns].iter().map(|&value| value.max(0)).collect(),
+            value: values.iter().map(|&value| value.max(0)).collect(),
             label,
         });
     }

@@ -6,7 +6,7 @@ use std::{sync::Arc, time::Duration};
 
 use tokio::sync::{mpsc, watch};
 
-use super::{Backend, CommonLabels, TargetStats, encode, spool::Queued};
+use super::{Backend, CommonLabels, TargetStats, encode, heap::Heap, spool::Queued};
 use crate::{
     kind::ProfileType,
     pipeline::Pipeline,
@@ -54,13 +54,13 @@ impl Cutter {
             return;
         }
         let window = Window::between_drains(*last_ms, newest.time_ms);
-        let Some(profiles) = self.profiles(window).await else {
+        let (Some(profiles), Some(heap)) = (self.profiles(window).await, self.heap(window).await) else {
             // The store is gone: the daemon is stopping (or failing, which
             // the supervisor reports).
             return;
         };
         *last_ms = newest.time_ms;
-        if profiles.is_empty() {
+        if profiles.is_empty() && heap.is_none() {
             return;
         }
         let mut backends: Vec<Backend> = Vec::new();
@@ -76,7 +76,7 @@ impl Cutter {
                 .into_iter()
                 .map(|backend| {
                     let cpu_before = thread_cpu_ns();
-                    let request = encode(backend, &profiles, &common);
+                    let request = encode(backend, &profiles, heap.as_ref(), &common);
                     (backend, request, thread_cpu_ns().saturating_sub(cpu_before))
                 })
                 .collect::<Vec<_>>()
@@ -160,17 +160,73 @@ impl Cutter {
         Some(profiles)
     }
 
-    /// The profile types pushed: those recorded that a target's backend
-    /// has a name for (CPU always; off-CPU with `--off-cpu`).
+    /// The memory of the processes traced while the daemon runs, in
+    /// `window` (see `heap.rs`): Some(None) when there is none to push,
+    /// None when the store is gone.
+    async fn heap(&self, window: Window) -> Option<Option<Heap>> {
+        let heap_type = ProfileType::Alloc;
+        if !self.named(heap_type) {
+            return Some(None);
+        }
+        let traced = self.pipeline.traced_continuously().await.ok()?;
+        let mut heap: Option<Heap> = None;
+        for trace in traced {
+            let filter = Filter {
+                pids: vec![trace.pid],
+                ..Filter::default()
+            };
+            let query = |window| Query {
+                window,
+                filter: filter.clone(),
+                visible: Visible::All,
+                profile_type: heap_type,
+            };
+            let store = self.pipeline.store();
+            let since = Window {
+                start_ms: trace.since_ms.max(window.start_ms),
+                end_ms: window.end_ms,
+            };
+            let allocated = store.query(query(since)).await.ok()?;
+            let live = Window {
+                start_ms: trace.since_ms,
+                end_ms: window.end_ms,
+            };
+            let live = store.query(query(live)).await.ok()?;
+            match &mut heap {
+                Some(heap) => {
+                    heap.allocated.samples.extend(allocated.samples);
+                    heap.live.samples.extend(live.samples);
+                }
+                None => heap = Some(Heap { allocated, live }),
+            }
+        }
+        Some(
+            heap.filter(|heap| !(heap.allocated.samples.is_empty() && heap.live.samples.is_empty()))
+                .map(|mut heap| {
+                    // The window asked for, not the one its samples span.
+                    heap.allocated.window = window;
+                    heap
+                }),
+        )
+    }
+
+    /// The profile types pushed as windows of the whole machine: those
+    /// recorded that a target's backend has a name for (CPU always;
+    /// off-CPU with `--off-cpu`). Heaps are pushed per traced process.
     fn pushed_types(&self) -> impl Iterator<Item = ProfileType> + '_ {
         let recorded = self.pipeline.kinds();
         ProfileType::ALL.into_iter().filter(move |&profile_type| {
-            profile_type.available(recorded).is_ok()
-                && self
-                    .outlets
-                    .iter()
-                    .any(|(backend, ..)| backend.profile_name(profile_type).is_some())
+            !profile_type.describe().push.as_heap
+                && profile_type.available(recorded).is_ok()
+                && self.named(profile_type)
         })
+    }
+
+    /// True when a target's backend has a name for `profile_type`.
+    fn named(&self, profile_type: ProfileType) -> bool {
+        self.outlets
+            .iter()
+            .any(|(backend, ..)| backend.profile_name(profile_type).is_some())
     }
 }
 

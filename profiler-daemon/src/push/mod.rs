@@ -3,7 +3,8 @@
 //! A cutter wakes every interval and takes the window of drains since the
 //! previous cut (the store's drain-to-drain windows: each sample in exactly
 //! one window), asks the store for its profiles (CPU, and off-CPU when it
-//! is recorded: each type a backend has a name for), splits them into series
+//! is recorded: each type a backend has a name for; and the [`heap`] of the
+//! processes traced while the daemon runs), splits them into series
 //! ([`series`]), encodes one request per backend ([`request`]) and hands it
 //! to each target's [`sender`], which queues it in a bounded [`spool`] and
 //! sends it over [`client`] in the backend's protocol ([`backend`]).
@@ -14,6 +15,7 @@ mod backend;
 mod client;
 mod cutter;
 pub mod flags;
+mod heap;
 mod metrics;
 pub mod proto;
 mod request;

@@ -4,6 +4,7 @@ use bytes::Bytes;
 use prost::Message;
 
 use super::{
+    heap::{self, Heap},
     proto::{
         LabelPair, LabelSet, ParcaSample, ParcaSeries, PushRequest, PyroscopeSample, PyroscopeSeries,
         WriteRawRequest,
@@ -36,7 +37,12 @@ pub struct Encoded {
 /// Parca one request, which it stores whole or not at all; for Pyroscope one
 /// request per series, since it may store some series of a request and
 /// still answer an error, and a retry of the whole would count those twice.
-pub fn encode(backend: Backend, window: &[Profile], common: &CommonLabels) -> std::io::Result<Vec<Encoded>> {
+pub fn encode(
+    backend: Backend,
+    window: &[Profile],
+    heap: Option<&Heap>,
+    common: &CommonLabels,
+) -> std::io::Result<Vec<Encoded>> {
     let labels = series::sample_labels(backend);
     let mut encoded = Vec::new();
     for profile in window {
@@ -47,6 +53,29 @@ pub fn encode(backend: Backend, window: &[Profile], common: &CommonLabels) -> st
             let pairs = series_labels(name, &one.service_name, common);
             let raw_profile = pprof::encode_gzip_with(&one.profile, labels)?;
             encoded.push((pairs, raw_profile, one.profile.total_samples()));
+        }
+    }
+    if let Some(heap) = heap
+        && let Some(name) = backend.profile_name(heap.allocated.profile_type)
+    {
+        for one in heap::split(heap, labels) {
+            let mut pairs = series_labels(name, &one.service_name, common);
+            match backend {
+                Backend::Pyroscope => {
+                    // Its allocations are the window's, not running totals.
+                    pairs.insert(0, label("__delta__", "false"));
+                    let raw_profile = pprof::gzip_bytes(&one.together().encode_to_vec())?;
+                    encoded.push((pairs, raw_profile, one.samples()));
+                }
+                Backend::Parca => {
+                    // Two profiles of one series; its samples counted once.
+                    let mut samples = one.samples();
+                    for part in one.apart(labels).into_iter().flatten() {
+                        let raw_profile = pprof::gzip_bytes(&part.encode_to_vec())?;
+                        encoded.push((pairs.clone(), raw_profile, std::mem::take(&mut samples)));
+                    }
+                }
+            }
         }
     }
     Ok(match backend {
@@ -95,18 +124,24 @@ pub fn encode(backend: Backend, window: &[Profile], common: &CommonLabels) -> st
 
 /// A series' labels, sorted by name as both backends keep them.
 pub fn series_labels(profile_name: &str, service_name: &str, common: &CommonLabels) -> Vec<LabelPair> {
-    let pair = |name: &str, value: &str| LabelPair {
-        name: name.to_owned(),
-        value: value.to_owned(),
-    };
-    let mut labels = vec![pair("__name__", profile_name), pair("service_name", service_name)];
+    let mut labels = vec![
+        label("__name__", profile_name),
+        label("service_name", service_name),
+    ];
     // A configured hostname label replaces the machine's name.
-    if !common.extra.iter().any(|label| label.name == "hostname") {
-        labels.push(pair("hostname", &common.hostname));
+    if !common.extra.iter().any(|extra| extra.name == "hostname") {
+        labels.push(label("hostname", &common.hostname));
     }
-    labels.extend(common.extra.iter().map(|label| pair(&label.name, &label.value)));
+    labels.extend(common.extra.iter().map(|extra| label(&extra.name, &extra.value)));
     labels.sort_by(|a, b| a.name.cmp(&b.name));
     labels
+}
+
+fn label(name: &str, value: &str) -> LabelPair {
+    LabelPair {
+        name: name.to_owned(),
+        value: value.to_owned(),
+    }
 }
 
 #[cfg(test)]

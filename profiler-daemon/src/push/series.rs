@@ -22,6 +22,7 @@ use std::{collections::HashMap, sync::Arc};
 
 use super::settings::Backend;
 use crate::{
+    kind::SampleKind,
     profile::{Profile, pprof::SampleLabels},
     symbolize::{SymbolizedSample, SymbolizedStack},
 };
@@ -97,7 +98,8 @@ pub fn split(profile: &Profile, labels: SampleLabels) -> Vec<Series> {
 /// A service's samples, one per (stack, and the process if kept).
 #[derive(Default)]
 struct Merged {
-    samples: HashMap<(*const SymbolizedStack, u32), SymbolizedSample>,
+    /// By stack, process and kind (an allocation's frees stay apart from it).
+    samples: HashMap<(*const SymbolizedStack, u32, SampleKind), SymbolizedSample>,
     total: u64,
 }
 
@@ -108,7 +110,7 @@ impl Merged {
             SampleLabels::Process | SampleLabels::All => sample.pid,
             SampleLabels::None => 0,
         };
-        let key = (Arc::as_ptr(&sample.stack), pid);
+        let key = (Arc::as_ptr(&sample.stack), pid, sample.kind);
         match self.samples.get_mut(&key) {
             Some(merged) => {
                 merged.count += sample.count;

@@ -1,5 +1,6 @@
-//! `GET /debug/pprof/allocs?pid=P&seconds=N`: the allocation probes are
-//! attached to each process asked for, for the window only, and the answer
+//! `GET /debug/pprof/allocs?pid=P&seconds=N` (or `comm=`, `unit=`,
+//! `cgroup=`, `container=` naming running processes): the allocation probes
+//! are attached to each process asked for, for the window only, and the answer
 //! is what they recorded between the drains at either end, as Go's heap
 //! profile. Who may ask is who may see the process (its CPU profile's rule):
 //! a local user can never make the daemon probe another user's process.
@@ -20,10 +21,10 @@ use super::{
     scrape::{Format, key::ShareKey},
 };
 use crate::{
-    collect::allocations::{AllocError, TraceSummary},
+    collect::allocations::{AllocError, TraceSummary, running},
     kind::ProfileType,
     pipeline::TraceError,
-    profile::{Window, pprof},
+    profile::{Filter, Window, pprof},
 };
 
 /// Processes one request may trace.
@@ -36,21 +37,22 @@ pub(super) async fn traced_window(
     mut params: GoParams,
     profile_type: ProfileType,
 ) -> Result<Response, HttpError> {
-    let pids = params.filter.pids.clone();
-    if pids.is_empty() {
-        return Err(HttpError::new(
-            StatusCode::BAD_REQUEST,
-            "pid: allocations are traced per process: ask for pid=P (a process you may see)",
-        ));
-    }
-    if pids.len() > MAX_PIDS {
+    if params.filter.pids.len() > MAX_PIDS {
         return Err(HttpError::new(
             StatusCode::BAD_REQUEST,
             format!("pid: at most {MAX_PIDS} processes per request"),
         ));
     }
     let after_ms = state.scrapes.drained(&state.pipeline).await?;
-    super::cgroup_filter::resolve(&state, &mut params.filter, scope.visible).await?;
+    // Container prefixes become whole ids; units and cgroups are matched
+    // against the running processes, which may not have been sampled yet.
+    if !params.filter.containers.is_empty() {
+        super::cgroup_filter::resolve(&state, &mut params.filter, scope.visible).await?;
+    }
+    if params.filter.pids.is_empty() {
+        params.filter.pids = selected(&state, &params.filter, scope).await?;
+    }
+    let pids = params.filter.pids.clone();
     let seconds = Duration::from_secs(params.seconds);
     let mut traced = Vec::new();
     for &pid in &pids {
@@ -128,9 +130,11 @@ pub(super) async fn heap(
     }
     let since_ms = state
         .pipeline
-        .traced_since(pid)
+        .traced_continuously()
         .await
         .map_err(|err| HttpError::new(StatusCode::SERVICE_UNAVAILABLE, err.to_string()))?
+        .into_iter()
+        .find_map(|trace| (trace.pid == pid).then_some(trace.since_ms))
         .ok_or_else(|| not_traced(format!("process {pid} is not traced while the daemon runs")))?;
     let until_ms = state.scrapes.drained(&state.pipeline).await?;
     let window = Window {
@@ -147,6 +151,44 @@ pub(super) async fn heap(
         answer.body = annotated.into();
     }
     Ok(answer.into_response())
+}
+
+/// The running processes the caller may see that a request without pids
+/// names by process name, unit, cgroup or container: those are traced.
+async fn selected(state: &ServeState, filter: &Filter, scope: Scope) -> Result<Vec<u32>, HttpError> {
+    if filter.comms.is_empty() && !filter.by_cgroup() {
+        return Err(HttpError::new(
+            StatusCode::BAD_REQUEST,
+            "pid: allocations are traced per process: ask for pid=P, or name running processes with comm=, unit=, cgroup= or container=",
+        ));
+    }
+    let proc_root = state.pipeline.proc_root().clone();
+    let wanted = filter.clone();
+    let visible = scope.visible;
+    let pids = tokio::task::spawn_blocking(move || {
+        let hidden = |pid| process_runs(&proc_root, pid, visible).is_err();
+        running(&proc_root, std::slice::from_ref(&wanted), hidden)
+    })
+    .await
+    .map_err(|err| HttpError::new(StatusCode::INTERNAL_SERVER_ERROR, err.to_string()))?;
+    match pids.len() {
+        0 => Err(HttpError::new(
+            StatusCode::NOT_FOUND,
+            "no running process you may see matches the filters: allocations are traced in running processes",
+        )),
+        count if count > MAX_PIDS => {
+            let listed: Vec<String> = pids.iter().take(8).map(u32::to_string).collect();
+            Err(HttpError::new(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "the filters match {count} running processes ({}{}); at most {MAX_PIDS} are traced per request: name them with pid=",
+                    listed.join(", "),
+                    if count > listed.len() { ", ..." } else { "" }
+                ),
+            ))
+        }
+        _ => Ok(pids),
+    }
 }
 
 /// The status and message of a refused tracing.

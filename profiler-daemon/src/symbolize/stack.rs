@@ -57,6 +57,28 @@ pub struct SymbolizedStack {
 }
 
 impl SymbolizedStack {
+    /// A stack of one user frame, the function `name` (for tests of what
+    /// reads stacks).
+    #[cfg(test)]
+    pub fn of_one_function(name: &str) -> std::sync::Arc<Self> {
+        std::sync::Arc::new(Self {
+            locations: Box::new([Location {
+                kind: FrameKind::User,
+                address: 0x1000,
+                mapping: None,
+                lines: std::sync::Arc::new([Line {
+                    function: std::sync::Arc::new(Function {
+                        name: name.into(),
+                        system_name: name.into(),
+                        filename: None,
+                    }),
+                    line: 0,
+                }]),
+                resolved: true,
+            }]),
+        })
+    }
+
     /// Function names root first, inlined frames expanded, as
     /// (name, kind, inlined) triples: the order a flame graph reads.
     pub fn frames_root_first(&self) -> impl Iterator<Item = (&str, FrameKind, bool)> {

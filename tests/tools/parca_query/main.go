@@ -1,7 +1,7 @@
 // parca_query asks a Parca server through its gRPC query API (Parca's own
 // generated client) and prints what the fleet tests compare, as JSON:
 //
-//	parca_query -addr 127.0.0.1:7070 top    QUERY START_MS END_MS   -> {"total":N,"flat":{"function":n,...}}
+//	parca_query -addr 127.0.0.1:7070 top    QUERY START_MS END_MS   -> {"total":N,"flat":{"function":n,...},"cum":{...}}
 //	parca_query -addr 127.0.0.1:7070 range  QUERY START_MS END_MS   -> [{"time_ms":t,"duration_ms":d,"value":v},...]
 //	parca_query -addr 127.0.0.1:7070 labels START_MS END_MS         -> ["name",...]
 //	parca_query -addr 127.0.0.1:7070 types                           -> ["name:sample:unit:period:unit[:delta]",...] (all it holds)
@@ -66,14 +66,16 @@ func main() {
 			fail("top: %v", err)
 		}
 		flat := map[string]int64{}
+		cum := map[string]int64{}
 		for _, node := range response.GetTop().GetList() {
 			name := node.GetMeta().GetFunction().GetName()
 			if name == "" {
 				name = "?"
 			}
 			flat[name] += node.GetFlat()
+			cum[name] += node.GetCumulative()
 		}
-		out = map[string]any{"total": response.GetTotal(), "flat": flat}
+		out = map[string]any{"total": response.GetTotal(), "flat": flat, "cum": cum}
 	case args[0] == "range" && len(args) == 4:
 		response, err := client.QueryRange(ctx, &querypb.QueryRangeRequest{
 			Query: args[1], Start: millis(args[2]), End: millis(args[3]),

@@ -1,5 +1,5 @@
-//! Processes traced while the daemon runs (`alloc_trace_comms`): found by
-//! name every few seconds, traced from then until they exit (or execute
+//! Processes traced while the daemon runs (`alloc_trace_pids`, `_units`,
+//! `_comms`): looked for every few seconds, traced from then until they exit (or execute
 //! another program, or pass their budget). Their heap is what they
 //! allocated since and have not freed.
 
@@ -10,7 +10,8 @@ use std::{
 
 use aya::Ebpf;
 
-use super::AllocationTracer;
+use super::{AllocationTracer, selection};
+use crate::filter::Filter;
 
 /// How often /proc is searched for the processes named.
 const SCAN_EVERY: Duration = Duration::from_secs(5);
@@ -20,15 +21,15 @@ const MAX_PASSED: usize = 4096;
 
 #[derive(Debug, Default)]
 pub(super) struct Targets {
-    comms: Vec<String>,
+    filters: Vec<Filter>,
     last_scan: Option<Instant>,
     passed: HashSet<u32>,
 }
 
 impl Targets {
-    pub(super) fn new(comms: Vec<String>) -> Self {
+    pub(super) fn new(targets: &selection::AllocTargets) -> Self {
         Self {
-            comms,
+            filters: targets.filters(),
             ..Self::default()
         }
     }
@@ -38,33 +39,22 @@ impl AllocationTracer {
     /// Starts tracing the processes named that are not yet traced.
     pub(super) fn scan(&mut self, ebpf: &mut Ebpf) {
         let targets = &mut self.continuous;
-        if targets.comms.is_empty() || targets.last_scan.is_some_and(|at| at.elapsed() < SCAN_EVERY) {
+        if targets.filters.is_empty() || targets.last_scan.is_some_and(|at| at.elapsed() < SCAN_EVERY) {
             return;
         }
         targets.last_scan = Some(Instant::now());
-        let Ok(entries) = std::fs::read_dir(self.proc_root.path()) else {
-            return;
+        let traces = &self.traces;
+        let passed = &self.continuous.passed;
+        // The daemon's own allocations are not its business.
+        let own = std::process::id();
+        let known = |pid| {
+            pid == own
+                || traces.get(&pid).is_some_and(|trace| trace.continuous.is_some())
+                || passed.contains(&pid)
         };
-        let pids: Vec<u32> = entries
-            .flatten()
-            .filter_map(|entry| entry.file_name().to_str()?.parse().ok())
-            .collect();
-        for pid in pids {
-            let known = self
-                .traces
-                .get(&pid)
-                .is_some_and(|trace| trace.continuous.is_some());
-            if known || self.continuous.passed.contains(&pid) {
-                continue;
-            }
-            let Ok(comm) = self.proc_root.read(pid, "comm") else {
-                continue;
-            };
-            if !self.continuous.comms.iter().any(|name| name == comm.trim_end()) {
-                continue;
-            }
+        for pid in selection::running(&self.proc_root, &self.continuous.filters, known) {
             match self.start(ebpf, pid, Duration::ZERO, true) {
-                Ok(()) => tracing::info!(pid, comm = comm.trim_end(), "traced while it runs"),
+                Ok(()) => tracing::info!(pid, "traced while it runs"),
                 // Room may come: asked again at the next search.
                 Err(super::AllocError::TooMany(_) | super::AllocError::UserShare { .. }) => {}
                 Err(err) => {

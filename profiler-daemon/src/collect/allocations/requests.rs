@@ -72,11 +72,19 @@ pub enum AllocCommand {
         pid: u32,
         reply: oneshot::Sender<TraceSummary>,
     },
-    /// When the continuous tracing of `pid` began (Unix ms), if it is traced so.
-    Since {
-        pid: u32,
-        reply: oneshot::Sender<Option<u64>>,
+    /// The processes traced while the daemon runs, and since when.
+    Continuous {
+        reply: oneshot::Sender<Vec<ContinuousTrace>>,
     },
+}
+
+/// A process traced while the daemon runs (`[allocations]` targets).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ContinuousTrace {
+    pub pid: u32,
+    /// When its tracing began (Unix ms): its heap is what it allocated
+    /// since and has not freed.
+    pub since_ms: u64,
 }
 
 /// How a process's tracing went, for the profile's reader.

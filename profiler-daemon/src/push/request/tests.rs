@@ -7,28 +7,11 @@ use crate::{
     kind::{ProfileType, SampleKind},
     profile::Window,
     profile::pprof::proto,
-    symbolize::{FrameKind, Function, Line, Location, SymbolizedSample, SymbolizedStack},
+    symbolize::{SymbolizedSample, SymbolizedStack},
 };
 
 fn window_profile() -> Profile {
-    let stack = |name: &str| {
-        Arc::new(SymbolizedStack {
-            locations: Box::new([Location {
-                kind: FrameKind::User,
-                address: 0x1000,
-                mapping: None,
-                lines: Arc::new([Line {
-                    function: Arc::new(Function {
-                        name: name.into(),
-                        system_name: name.into(),
-                        filename: None,
-                    }),
-                    line: 0,
-                }]),
-                resolved: true,
-            }]),
-        })
-    };
+    let stack = SymbolizedStack::of_one_function;
     let sample =
         |pid: u32, tid: u32, comm: &str, stack: &Arc<SymbolizedStack>, count: u64| SymbolizedSample {
             kind: SampleKind::Cpu,
@@ -83,7 +66,7 @@ fn label_pairs(labels: &[LabelPair]) -> Vec<(&str, &str)> {
 
 #[test]
 fn pyroscope_gets_a_request_per_service_without_sample_labels() {
-    let encoded = encode(Backend::Pyroscope, &[window_profile()], &common()).unwrap();
+    let encoded = encode(Backend::Pyroscope, &[window_profile()], None, &common()).unwrap();
     let counts: Vec<_> = encoded
         .iter()
         .map(|request| (request.samples, request.series))
@@ -133,7 +116,7 @@ fn pyroscope_gets_a_request_per_service_without_sample_labels() {
 
 #[test]
 fn parca_requests_keep_the_process_labels() {
-    let encoded = encode(Backend::Parca, &[window_profile()], &common()).unwrap();
+    let encoded = encode(Backend::Parca, &[window_profile()], None, &common()).unwrap();
     assert_eq!(encoded.len(), 1, "Parca stores a request whole: one per window");
     assert_eq!((encoded[0].samples, encoded[0].series), (50, 2));
     let request = WriteRawRequest::decode(encoded[0].message.clone()).unwrap();
@@ -198,7 +181,7 @@ fn every_named_type_is_pushed_under_its_own_name() {
             .unwrap()
     };
 
-    let parca = encode(Backend::Parca, &window, &common()).unwrap();
+    let parca = encode(Backend::Parca, &window, None, &common()).unwrap();
     assert_eq!(parca.len(), 1, "one request per window, whatever the types");
     assert_eq!((parca[0].samples, parca[0].series), (100, 4));
     let request = WriteRawRequest::decode(parca[0].message.clone()).unwrap();
@@ -221,7 +204,7 @@ fn every_named_type_is_pushed_under_its_own_name() {
         .collect();
     assert_eq!(types, [("events", "count"), ("off_cpu", "nanoseconds")]);
 
-    let pyroscope = encode(Backend::Pyroscope, &window, &common()).unwrap();
+    let pyroscope = encode(Backend::Pyroscope, &window, None, &common()).unwrap();
     let pyroscope_names: Vec<String> = pyroscope
         .iter()
         .map(|encoded| names(&PushRequest::decode(encoded.message.clone()).unwrap().series[0].labels))

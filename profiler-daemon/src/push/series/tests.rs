@@ -5,26 +5,10 @@ use crate::{
     cgroup::Cgroup,
     kind::{ProfileType, SampleKind},
     profile::Window,
-    symbolize::{FrameKind, Function, Line, Location},
 };
 
 fn stack(name: &str) -> Arc<SymbolizedStack> {
-    Arc::new(SymbolizedStack {
-        locations: Box::new([Location {
-            kind: FrameKind::User,
-            address: 0x1000,
-            mapping: None,
-            lines: Arc::new([Line {
-                function: Arc::new(Function {
-                    name: name.into(),
-                    system_name: name.into(),
-                    filename: None,
-                }),
-                line: 0,
-            }]),
-            resolved: true,
-        }]),
-    })
+    SymbolizedStack::of_one_function(name)
 }
 
 fn sample(

@@ -1,4 +1,7 @@
-//! Which samples a profile covers: the filters a reader gave.
+//! Which samples a profile covers, and which processes an allocation
+//! window traces: the filters a reader gave (pid, tid, comm, unit, cgroup,
+//! container). Below the stages: `collect` selects processes by it, the
+//! store and `profile` samples.
 
 use crate::cgroup::Cgroup;
 
