@@ -11,8 +11,9 @@ use std::{
 
 use profilerd_tests::{
     Workload,
+    allocations::{AllocSites, MIB, Options},
     attacker::{USER, attacker},
-    daemon::{Daemon, go_pprof, parse_raw},
+    daemon::{Daemon, go_pprof, metric, parse_raw},
     serial,
 };
 
@@ -448,4 +449,72 @@ fn listening_beyond_loopback_needs_a_token_or_insecure() {
         stderr.contains("access_token_file"),
         "and say what to set: {stderr}"
     );
+}
+
+/// Issue 26, who may ask for allocations: a local user can make the daemon
+/// probe their own processes only. Another user's process, named by pid or
+/// chosen by name, is a 404 as if it did not run, and nothing is attached
+/// to it; their own is traced.
+#[test]
+fn a_user_traces_the_allocations_of_their_own_processes_only() {
+    let _serial = serial();
+    let user = attacker();
+    let dir = user.workdir(Path::new("/tmp"), "access-allocs");
+    let split = user.own_copy(Path::new(SPLIT), &dir, "user_split");
+    let own = Killed(
+        user.command(&split)
+            .arg("60")
+            .spawn()
+            .expect("starting the user's workload"),
+    );
+    let user_pid = own.0.id();
+    let mut root = AllocSites::start(Options::all(60.0, MIB, 8 * MIB));
+    root.wait_until_run(Duration::from_secs(1));
+    let daemon = Daemon::start(&[]);
+    let started = || {
+        metric(
+            &daemon.get("/metrics").text(),
+            "profilerd_alloc_traces_started_total",
+        )
+    };
+
+    for path in [
+        format!("/debug/pprof/allocs?pid={}&seconds=1", root.pid()),
+        "/debug/pprof/allocs?comm=alloc_sites&seconds=1".to_owned(),
+    ] {
+        let (status, body) = get_as_user(&daemon.url(&path));
+        let body = String::from_utf8_lossy(&body);
+        assert_eq!(
+            status, 404,
+            "{path} as {USER}: root's process is not theirs to trace: {body}"
+        );
+        // Chosen by name, it is not even named back.
+        assert!(
+            path.contains("pid=") || !body.contains(&root.pid().to_string()),
+            "{path} as {USER} must not name root's process: {body}"
+        );
+    }
+    assert_eq!(started(), 0, "nothing may have been traced for the user");
+
+    // Their own, by pid and by name: traced.
+    for path in [
+        format!("/debug/pprof/allocs?pid={user_pid}&seconds=1"),
+        "/debug/pprof/allocs?comm=user_split&seconds=1".to_owned(),
+    ] {
+        let (status, body) = get_as_user(&daemon.url(&path));
+        assert_eq!(
+            status,
+            200,
+            "{path} as {USER}: {}",
+            String::from_utf8_lossy(&body)
+        );
+    }
+    assert_eq!(
+        started(),
+        2,
+        "the user's own process traced twice, one window each"
+    );
+    assert!(root.running(), "root's workload runs on");
+    drop(own);
+    let _ = std::fs::remove_dir_all(&dir);
 }
