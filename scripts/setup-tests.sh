@@ -10,14 +10,15 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$here/lib.sh"
 
 # valgrind: its DHAT tool is the oracle of the allocation workload's own
-# counts (tests/allocations.rs). The other test packages are in
+# counts (tests/allocations.rs); nodejs: the JIT runtime whose perf maps
+# tests/jit.rs and tests/jit_hostile.rs read. The other test packages are in
 # scripts/toolchain.env's TEST_PACKAGES.
-ALLOCATION_TEST_PACKAGES=(valgrind)
+ORACLE_TEST_PACKAGES=(valgrind nodejs)
 
 install_test_packages() {
     local had_prometheus=1
     dpkg-query -W -f='${Status}' prometheus 2>/dev/null | grep -q 'install ok installed' || had_prometheus=0
-    install_debian_packages "${TEST_PACKAGES[@]}" "${ALLOCATION_TEST_PACKAGES[@]}"
+    install_debian_packages "${TEST_PACKAGES[@]}" "${ORACLE_TEST_PACKAGES[@]}"
     if [ "$had_prometheus" -eq 0 ]; then
         quiet_prometheus_server
     fi

@@ -27,7 +27,7 @@ source "$root/scripts/toolchain.env"
 # Lane 1 of the first phase: fleet, transport and deployment tests.
 LANE_1=(parca pyroscope_push allocations_push tls tls_client_certificates metrics_format deploy)
 # Lane 2: the unprivileged user's tests, the containers, and the unit tests.
-LANE_2=(access cgroups hostile_connections supervision scrapes visibility systemd systemd_units)
+LANE_2=(access cgroups hostile_connections jit_hostile supervision scrapes visibility systemd systemd_units)
 # Every other file of profilerd-tests (sampling, cpu_time, http, views,
 # faults, unwinding, offcpu, the hostile ones that watch a root workload's
 # samples, and any new file) runs in the second phase, alone.

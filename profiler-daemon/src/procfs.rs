@@ -64,6 +64,18 @@ impl ProcRoot {
             .collect()
     }
 
+    /// The real uid of `pid` (its owner), from /proc/PID/status.
+    pub fn real_uid(&self, pid: u32) -> Option<u32> {
+        let status = self.read(pid, "status").ok()?;
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix("Uid:"))?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    }
+
     /// Whether process `pid` exists (as a process or a thread id).
     pub fn exists(&self, pid: u32) -> bool {
         self.process(pid).exists()

@@ -146,7 +146,7 @@ impl AllocationTracer {
         }
         // One user's processes may take half the slots, not all: another's
         // (root's included) can still be traced. Root's own are not bounded.
-        let owner = process_owner(&self.proc_root, pid);
+        let owner = self.proc_root.real_uid(pid);
         if let Some(uid) = owner.filter(|&uid| uid != 0) {
             let limit = (self.limits.max_processes / 2).max(1);
             if self.traces.values().filter(|trace| trace.owner == owner).count() >= limit {
@@ -377,16 +377,4 @@ fn process_cpu_ns(proc: &ProcRoot, pid: u32) -> Option<u64> {
     let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok()??;
     let hz = u64::try_from(hz).ok()?.max(1);
     Some(ticks * (1_000_000_000 / hz))
-}
-
-/// The real uid of `pid`, from /proc/PID/status.
-fn process_owner(proc: &ProcRoot, pid: u32) -> Option<u32> {
-    let status = proc.read(pid, "status").ok()?;
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("Uid:"))?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
 }

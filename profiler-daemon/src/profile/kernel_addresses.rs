@@ -6,7 +6,7 @@
 use std::{collections::HashMap, sync::Arc};
 
 use super::Profile;
-use crate::symbolize::{FrameKind, Function, Line, SymbolizedStack};
+use crate::symbolize::{FrameKind, Line, SymbolizedStack};
 
 /// The name of a kernel frame that did not resolve, once its address is gone.
 const UNKNOWN_KERNEL_FRAME: &str = "[unknown] [kernel.kallsyms]";
@@ -16,17 +16,7 @@ impl Profile {
     /// names of kernel frames that did not resolve; user frames are left
     /// as they are. Stacks shared by samples stay shared.
     pub fn hide_kernel_addresses(&mut self) {
-        let placeholder: Arc<[Line]> = {
-            let name: Arc<str> = UNKNOWN_KERNEL_FRAME.into();
-            Arc::new([Line {
-                function: Arc::new(Function {
-                    name: name.clone(),
-                    system_name: name,
-                    filename: None,
-                }),
-                line: 0,
-            }])
-        };
+        let placeholder = Line::named(UNKNOWN_KERNEL_FRAME.into());
         let mut hidden: HashMap<*const SymbolizedStack, Arc<SymbolizedStack>> = HashMap::new();
         for sample in &mut self.samples {
             if !sample
@@ -69,7 +59,6 @@ mod tests {
     };
 
     fn location(kind: FrameKind, address: u64, name: &str, resolved: bool) -> Location {
-        let name: Arc<str> = name.into();
         Location {
             kind,
             address,
@@ -80,14 +69,7 @@ mod tests {
                 path: "[kernel.kallsyms]".into(),
                 build_id: None,
             })),
-            lines: Arc::new([Line {
-                function: Arc::new(Function {
-                    name: name.clone(),
-                    system_name: name,
-                    filename: None,
-                }),
-                line: 0,
-            }]),
+            lines: Line::named(name.into()),
             resolved,
         }
     }

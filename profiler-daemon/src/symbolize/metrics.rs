@@ -1,6 +1,6 @@
 //! The symbolize stage's metrics: its caches and process table, the cgroups
 //! it names, what keeps hostile input at bay (the worker process, the
-//! quarantine, the debug links not followed), and the Python frames' names
+//! quarantine, the debug links not followed, the perf maps refused), and the Python frames' names
 //! (encoded by [`crate::python::metrics`], counted here).
 
 use std::{
@@ -59,8 +59,43 @@ impl Collector for SymbolizeMetrics {
             age,
         )?;
         encode_isolation(out, &stats.resolver)?;
+        encode_perf_maps(out, stats.perf_maps)?;
         python::metrics::encode_names(out, &stats.python)
     }
+}
+
+/// JIT code named from perf maps (hostile files: what was refused and why).
+fn encode_perf_maps(out: &mut DescriptorEncoder, stats: super::PerfMapStats) -> fmt::Result {
+    counter(
+        out,
+        "perf_map_reads",
+        "Chunks of JIT perf maps (/tmp/perf-PID.map) read by the worker",
+        stats.reads,
+    )?;
+    counter(
+        out,
+        "perf_maps_refused",
+        "Perf maps not read: not a regular file, a symbolic link on the way, or not owned by the process's owner",
+        stats.refused,
+    )?;
+    counter(
+        out,
+        "perf_map_bad_lines",
+        "Perf map lines that named no symbol (bad numbers, absurd ranges, too long)",
+        stats.bad_lines,
+    )?;
+    counter(
+        out,
+        "perf_maps_capped",
+        "Perf maps read up to their bound (symbols or bytes per process): the rest is not read",
+        stats.capped,
+    )?;
+    gauge(
+        out,
+        "perf_map_symbols",
+        "JIT symbols held from perf maps",
+        i64::try_from(stats.symbols).unwrap_or(i64::MAX),
+    )
 }
 
 /// The symbol caches and the process table.

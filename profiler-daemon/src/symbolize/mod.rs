@@ -6,6 +6,7 @@
 
 mod demangle;
 pub mod metrics;
+mod perf_maps;
 mod processes;
 mod python_frames;
 mod resolver;
@@ -16,6 +17,7 @@ pub mod worker;
 use std::{collections::HashMap, sync::Arc};
 
 pub use metrics::SymbolizeStatus;
+pub use perf_maps::PerfMapStats;
 pub use processes::ProcessStats;
 pub use resolver::ResolverStats;
 #[cfg(test)]
@@ -29,6 +31,7 @@ use crate::{
     python::{names::PythonNameStats, prefetch::PythonNews},
     shares::Owner,
 };
+use perf_maps::PerfMaps;
 use processes::{ProcessEntry, ProcessTable};
 use profiler_common::python::is_python_frame;
 use python_frames::PythonFrames;
@@ -42,6 +45,7 @@ pub struct SymbolizerStats {
     pub processes: ProcessStats,
     pub cgroups: CgroupStats,
     pub python: PythonNameStats,
+    pub perf_maps: PerfMapStats,
 }
 
 pub struct Symbolizer {
@@ -51,6 +55,11 @@ pub struct Symbolizer {
     names: HashMap<[u8; profiler_common::COMM_LEN], Arc<str>>,
     cgroups: CgroupResolver,
     python: PythonFrames,
+    /// JIT code named from its runtime's perf map.
+    perf_maps: PerfMaps,
+    /// Processes with a sampled address in anonymous executable memory in
+    /// this batch: their perf maps are looked at.
+    jit_seen: Vec<(u32, u32)>,
     /// CPython processes found, and code objects read ahead.
     python_news: Option<std::sync::mpsc::Receiver<PythonNews>>,
     /// Samples of a kind this daemon does not know (a mismatched BPF object).
@@ -63,7 +72,7 @@ impl Symbolizer {
     pub fn new(worker: WorkerConfig, files: OpenFiles, proc: ProcRoot) -> Self {
         // The snapshot reader finds the cgroup hierarchy once for both.
         let reader = SnapshotReader::new(files, proc.clone());
-        let cgroups = CgroupResolver::new(proc, reader.cgroup_root());
+        let cgroups = CgroupResolver::new(proc.clone(), reader.cgroup_root());
         Self {
             resolver: Resolver::new(worker),
             processes: ProcessTable::new(reader),
@@ -77,6 +86,8 @@ impl Symbolizer {
             names: HashMap::new(),
             cgroups,
             python: PythonFrames::default(),
+            perf_maps: PerfMaps::new(proc),
+            jit_seen: Vec::new(),
             python_news: None,
             unknown_kinds: 0,
         }
@@ -93,6 +104,7 @@ impl Symbolizer {
             ProcessNotice::Exited { pid, instance } => {
                 self.processes.exited(pid, instance);
                 self.python.exited(pid, instance);
+                self.perf_maps.exited(pid, instance);
             }
         }
     }
@@ -118,6 +130,7 @@ impl Symbolizer {
             processes: self.processes.stats,
             cgroups: self.cgroups.stats,
             python: self.python.stats(),
+            perf_maps: self.perf_maps.stats,
         }
     }
 
@@ -145,6 +158,15 @@ impl Symbolizer {
                     self.want_stack(sample.key, batch);
                 }
             }
+        }
+        self.jit_seen.sort_unstable();
+        self.jit_seen.dedup();
+        for (pid, instance) in std::mem::take(&mut self.jit_seen) {
+            let ns_pid = self
+                .processes
+                .get_or_load(pid, instance, &mut self.resolver)
+                .and_then(|process| process.ns_pid);
+            self.perf_maps.refresh(pid, instance, ns_pid, &mut self.resolver);
         }
         self.resolver.resolve_pending();
         self.processes.attach_build_ids(&self.resolver);
@@ -208,9 +230,13 @@ impl Symbolizer {
                     ends_in_switch,
                 ))
                 .or_insert_with(|| {
+                    let namers = Namers {
+                        resolver: &self.resolver,
+                        perf_maps: &self.perf_maps,
+                        kernel_mapping: &self.kernel_mapping,
+                    };
                     let mut stack = build_stack(
-                        &self.resolver,
-                        &self.kernel_mapping,
+                        namers,
                         &mut self.python,
                         (key.tgid, key.instance),
                         process,
@@ -270,12 +296,14 @@ impl Symbolizer {
             }
             let address = return_adjusted(ip, index > 0 || after_kernel);
             match process.mapping_of(address) {
-                Some(mapping) => {
-                    if let Some(file) = &mapping.file {
+                Some(mapping) => match &mapping.file {
+                    Some(file) => {
                         self.resolver
                             .want_user(file, address - mapping.start + mapping.offset, owner);
                     }
-                }
+                    None if mapping.mapping.path.is_empty() => self.jit_seen.push((key.tgid, key.instance)),
+                    None => {}
+                },
                 None => all_mapped = false,
             }
         }
@@ -310,9 +338,19 @@ fn return_adjusted(ip: u64, is_return_address: bool) -> u64 {
     }
 }
 
+/// Where a stack's frames get their names (besides Python's).
+struct Namers<'a> {
+    resolver: &'a Resolver,
+    perf_maps: &'a PerfMaps,
+    kernel_mapping: &'a Arc<Mapping>,
+}
+
 fn build_stack(
-    resolver: &Resolver,
-    kernel_mapping: &Arc<Mapping>,
+    Namers {
+        resolver,
+        perf_maps,
+        kernel_mapping,
+    }: Namers<'_>,
     python: &mut PythonFrames,
     (pid, instance): (u32, u32),
     process: Option<&ProcessEntry>,
@@ -338,9 +376,9 @@ fn build_stack(
         }
         let address = return_adjusted(ip, index > 0 || after_kernel);
         let mapping = process.and_then(|process| process.mapping_of(address));
-        let lines = mapping.and_then(|mapping| {
-            let file = mapping.file.as_ref()?;
-            resolver.user(file, address - mapping.start + mapping.offset)
+        let lines = mapping.and_then(|mapping| match &mapping.file {
+            Some(file) => resolver.user(file, address - mapping.start + mapping.offset),
+            None => perf_maps.lines(pid, instance, address),
         });
         locations.push(location(
             FrameKind::User,
@@ -348,9 +386,11 @@ fn build_stack(
             mapping.map(|mapping| mapping.mapping.clone()),
             lines,
             || match mapping {
+                // Anonymous executable memory: a JIT's code, not named by a
+                // perf map (the runtime writes none, or not this yet).
+                Some(mapping) if mapping.mapping.path.is_empty() => "[jit]".to_owned(),
                 Some(mapping) => {
                     let module = mapping.mapping.path.rsplit('/').next().unwrap_or_default();
-                    let module = if module.is_empty() { "[anon]" } else { module };
                     format!(
                         "[unknown] {module}+{:#x}",
                         address - mapping.start + mapping.offset
@@ -373,17 +413,7 @@ fn location(
     placeholder: impl FnOnce() -> String,
 ) -> Location {
     let resolved = lines.is_some();
-    let lines = lines.unwrap_or_else(|| {
-        let name: Arc<str> = placeholder().into();
-        Arc::new([Line {
-            function: Arc::new(Function {
-                name: name.clone(),
-                system_name: name,
-                filename: None,
-            }),
-            line: 0,
-        }])
-    });
+    let lines = lines.unwrap_or_else(|| Line::named(placeholder().into()));
     Location {
         kind,
         address,

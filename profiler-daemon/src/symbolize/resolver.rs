@@ -91,6 +91,16 @@ pub struct Resolver {
 }
 
 impl Resolver {
+    /// The perf map lines of `fd` from byte `from` on, read by the worker.
+    pub fn perf_map(
+        &mut self,
+        fd: &std::os::fd::OwnedFd,
+        identity: FileIdentity,
+        from: u64,
+    ) -> Result<super::worker::JitSymbols, super::worker::PerfMapError> {
+        self.worker.perf_map(fd, identity, from)
+    }
+
     pub fn new(worker: WorkerConfig) -> Self {
         Self {
             // We demangle ourselves so pprof can keep both names.

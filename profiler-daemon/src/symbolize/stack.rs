@@ -38,6 +38,21 @@ pub struct Line {
     pub line: u32,
 }
 
+impl Line {
+    /// A frame of one function known by `name` only (no file, no line): a
+    /// placeholder, or what a perf map says.
+    pub fn named(name: Arc<str>) -> Arc<[Line]> {
+        Arc::new([Line {
+            function: Arc::new(Function {
+                name: name.clone(),
+                system_name: name,
+                filename: None,
+            }),
+            line: 0,
+        }])
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Location {
     pub kind: FrameKind,
@@ -66,14 +81,7 @@ impl SymbolizedStack {
                 kind: FrameKind::User,
                 address: 0x1000,
                 mapping: None,
-                lines: std::sync::Arc::new([Line {
-                    function: std::sync::Arc::new(Function {
-                        name: name.into(),
-                        system_name: name.into(),
-                        filename: None,
-                    }),
-                    line: 0,
-                }]),
+                lines: Line::named(name.into()),
                 resolved: true,
             }]),
         })

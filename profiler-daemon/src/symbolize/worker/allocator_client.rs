@@ -40,6 +40,7 @@ impl WorkerClient {
             offsets: Vec::new(),
             unwind_table: false,
             allocator: true,
+            perf_map: None,
         };
         let answer = self.supervised(fd, &request, self.config.deadline, |response| {
             if !response.error.is_empty() {

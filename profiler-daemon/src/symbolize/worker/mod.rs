@@ -14,6 +14,8 @@
 mod allocator_client;
 mod allocator_elf;
 mod debug_file;
+mod perf_map_client;
+mod perf_map_text;
 mod protocol;
 mod python_elf;
 mod sandbox;
@@ -44,6 +46,7 @@ use prost::Message as _;
 
 use crate::error::Chain;
 pub use allocator_client::AllocatorError;
+pub use perf_map_client::{JitSymbols, PerfMapError};
 pub use protocol::{FileIdentity, LoadSegment, MAX_TABLE_ROWS, PythonSymbols, Response, SymbolLine, Symbols};
 use protocol::{MAX_RESPONSE_BYTES, ProtocolError, Request};
 pub use unwind_client::{FileUnwindTable, UnwindTableError};
@@ -192,6 +195,7 @@ impl WorkerClient {
             offsets: offsets.to_vec(),
             unwind_table: false,
             allocator: false,
+            perf_map: None,
         };
         self.supervised(fd, &request, self.config.deadline, |response| {
             if response.error.is_empty() && response.symbols.len() != offsets.len() {

@@ -43,6 +43,17 @@ pub struct Request {
     /// Find the file's allocator entry points instead (`offsets` is then empty).
     #[prost(bool, tag = "4")]
     pub allocator: bool,
+    /// Read the file as a perf map instead, from this byte on.
+    #[prost(message, optional, tag = "5")]
+    pub perf_map: Option<PerfMapRead>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, prost::Message)]
+pub struct PerfMapRead {
+    #[prost(uint64, tag = "1")]
+    pub from: u64,
+    #[prost(uint64, tag = "2")]
+    pub max_bytes: u64,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash, prost::Message)]
@@ -82,6 +93,33 @@ pub struct Response {
     /// The answer to an allocator request.
     #[prost(message, optional, tag = "7")]
     pub allocator: Option<AllocatorSymbols>,
+    /// The answer to a perf map request.
+    #[prost(message, optional, tag = "8")]
+    pub perf_map: Option<PerfMapChunk>,
+}
+
+/// The whole lines of a perf map read from where the last read ended.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct PerfMapChunk {
+    #[prost(message, repeated, tag = "1")]
+    pub symbols: Vec<PerfMapSymbol>,
+    /// Where the next read starts: after the last whole line taken.
+    #[prost(uint64, tag = "2")]
+    pub read_to: u64,
+    /// Lines that were no symbol (bad numbers, absurd ranges, too long).
+    #[prost(uint64, tag = "3")]
+    pub bad_lines: u64,
+}
+
+/// One perf map line: code of `size` bytes at `start`, named `name`.
+#[derive(Clone, PartialEq, Eq, prost::Message)]
+pub struct PerfMapSymbol {
+    #[prost(uint64, tag = "1")]
+    pub start: u64,
+    #[prost(uint64, tag = "2")]
+    pub size: u64,
+    #[prost(string, tag = "3")]
+    pub name: String,
 }
 
 /// A file's allocator entry points, as the worker says they are: the

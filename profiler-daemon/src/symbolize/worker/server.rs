@@ -28,7 +28,7 @@ use super::protocol::{
 use super::{
     allocator_elf,
     debug_file::{SYSTEM_DEBUG_DIR, system_debug_file},
-    unwind_elf,
+    perf_map_text, unwind_elf,
 };
 use crate::symbolize::demangle::demangle;
 
@@ -96,6 +96,15 @@ impl Worker {
     }
 
     fn handle(&mut self, request: &Request, fd: OwnedFd) -> Response {
+        if let Some(read) = request.perf_map {
+            return match perf_map_text::read_chunk(&fd, read.from, read.max_bytes) {
+                Ok(chunk) => Response {
+                    perf_map: Some(chunk),
+                    ..Response::default()
+                },
+                Err(err) => error_response(&err),
+            };
+        }
         if request.allocator {
             return match allocator_elf::allocator_symbols(&fd) {
                 Ok(symbols) => Response {
@@ -150,6 +159,7 @@ impl Worker {
             debug_file_used: info.debug_file.is_some(),
             unwind_table: None,
             allocator: None,
+            perf_map: None,
         };
         let mut resolved = if wanted.is_empty() {
             Vec::new().into_iter()

@@ -67,6 +67,7 @@ impl WorkerClient {
             offsets: Vec::new(),
             unwind_table: true,
             allocator: false,
+            perf_map: None,
         };
         let answer = self.supervised(fd, &request, self.config.table_deadline, |response| {
             if !response.error.is_empty() {

@@ -17,6 +17,7 @@ fn frames_and_descriptors_cross_a_socket_pair() {
         offsets: vec![1, 2, 3],
         unwind_table: false,
         allocator: false,
+        perf_map: None,
     };
     send_frame(a.as_fd(), &request, Some(file.as_fd())).expect("send");
     let (body, fd) = recv_frame(b.as_fd(), MAX_REQUEST_BYTES, || Ok(())).expect("receive");
@@ -64,6 +65,7 @@ fn oversized_frames_are_refused() {
         offsets: (0..1000).collect(),
         unwind_table: false,
         allocator: false,
+        perf_map: None,
     };
     send_frame(a.as_fd(), &request, None).expect("send");
     let result = recv_frame(b.as_fd(), 16, || Ok(()));

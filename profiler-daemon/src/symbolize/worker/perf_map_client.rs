@@ -1,0 +1,89 @@
+//! The daemon asks the worker for the lines of a perf map past where its
+//! last read ended, and checks the answer as it would any hostile one.
+
+use std::os::fd::OwnedFd;
+
+use super::{
+    FileIdentity, WorkerClient, WorkerError,
+    perf_map_text::{MAX_ADDRESS, MAX_CHUNK_BYTES, MAX_CHUNK_SYMBOLS, MAX_SYMBOL_SIZE},
+    protocol::{self, MAX_NAME_BYTES, PerfMapRead, Request},
+};
+
+/// Why a perf map could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum PerfMapError {
+    #[error(transparent)]
+    Worker(#[from] WorkerError),
+    #[error("{0}")]
+    Unreadable(String),
+}
+
+/// Symbols read from a perf map: (start, end, name), in file order (later
+/// lines are newer), and where the next read starts.
+#[derive(Debug, Default)]
+pub struct JitSymbols {
+    pub symbols: Vec<(u64, u64, String)>,
+    pub read_to: u64,
+    pub bad_lines: u64,
+}
+
+impl WorkerClient {
+    /// The perf map lines of the open file `fd` from byte `from` on (at most
+    /// 4 MiB of them).
+    pub fn perf_map(
+        &mut self,
+        fd: &OwnedFd,
+        identity: FileIdentity,
+        from: u64,
+    ) -> Result<JitSymbols, PerfMapError> {
+        let request = Request {
+            file: Some(identity),
+            offsets: Vec::new(),
+            unwind_table: false,
+            allocator: false,
+            perf_map: Some(PerfMapRead {
+                from,
+                max_bytes: MAX_CHUNK_BYTES,
+            }),
+        };
+        let answer = self.supervised(fd, &request, self.config.deadline, |response| {
+            if !response.error.is_empty() {
+                return Ok(Err(protocol::bounded(response.error, MAX_NAME_BYTES)));
+            }
+            let Some(chunk) = response.perf_map else {
+                return Err(WorkerError::Protocol("no perf map answer".into()));
+            };
+            if chunk.read_to < from
+                || chunk.read_to - from > MAX_CHUNK_BYTES
+                || chunk.symbols.len() > MAX_CHUNK_SYMBOLS
+            {
+                return Err(WorkerError::Protocol(format!(
+                    "{} perf map symbols read from {from} to {}",
+                    chunk.symbols.len(),
+                    chunk.read_to
+                )));
+            }
+            let mut symbols = Vec::with_capacity(chunk.symbols.len());
+            for symbol in chunk.symbols {
+                let end = symbol.start.saturating_add(symbol.size);
+                if symbol.size == 0
+                    || symbol.size > MAX_SYMBOL_SIZE
+                    || end > MAX_ADDRESS
+                    || symbol.name.len() > MAX_NAME_BYTES
+                {
+                    return Err(WorkerError::Protocol(format!(
+                        "perf map symbol of {} bytes at {:#x}",
+                        symbol.size, symbol.start
+                    )));
+                }
+                symbols.push((symbol.start, end, symbol.name));
+            }
+            Ok(Ok(JitSymbols {
+                symbols,
+                read_to: chunk.read_to,
+                bad_lines: chunk.bad_lines,
+            }))
+        })?;
+        answer.map_err(PerfMapError::Unreadable)
+    }
+}
