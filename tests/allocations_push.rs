@@ -225,8 +225,9 @@ fn a_pid_traced_while_it_runs_has_its_heap_pushed_to_pyroscope_as_non_delta_memo
     profile.assert_heap_sample_types();
     let allocated = profile.sum(ALLOC_SPACE, |_| true);
     let window_bytes = (LEAK_PER_S + SITES_PER_S) * 2;
+    // The fourth memory push: a running total would hold about 4 windows.
     assert!(
-        allocated > 0 && (allocated as u64) < 3 * window_bytes,
+        (0.45..=1.6).contains(&(allocated as f64 / window_bytes as f64)),
         "alloc_space is one window's (about {window_bytes} bytes in 2 s), not a running total: {allocated}"
     );
     let in_use = profile.sum(INUSE_SPACE, |_| true);

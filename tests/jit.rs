@@ -2,7 +2,8 @@
 //! started with `--perf-basic-prof`) and a Java one (OpenJDK 17, with
 //! `-XX:+PreserveFramePointer`, its map written by `jcmd PID
 //! Compiler.perfmap`) split their CPU between two functions in a proportion
-//! they measure themselves; the daemon names both from the perf map the
+//! they measure themselves (and V8's own profiler, `node --cpu-prof`, a
+//! second oracle for Node); the daemon names both from the perf map the
 //! runtime writes, splits them as the program measured, and walks Node's
 //! stacks (JIT frames crossed by frame pointer) down to its native start.
 //! Without a map, JIT code is `[jit]`. And the perf maps of hostile owners:
@@ -46,25 +47,47 @@ impl Runtime {
         let stats =
             std::env::temp_dir().join(format!("profilerd-jit-{program}-{}.stats", std::process::id()));
         let _ = std::fs::remove_file(&stats);
+        // Node writes V8 logs where it runs: a scratch directory.
         let child = Command::new(program)
             .args(args)
             .arg(seconds.to_string())
             .arg(&stats)
+            .current_dir(std::env::temp_dir())
             .stdout(Stdio::null())
             .spawn()
             .unwrap_or_else(|err| panic!("starting {program}: {err}"));
         Self { child, stats }
     }
 
-    fn node(perf_map: bool, seconds: u32) -> Self {
+    /// Node on split.js; with `cpu_prof`, V8's own sampling profiler writes
+    /// its profile there when node exits (`--cpu-prof`).
+    fn node(perf_map: bool, cpu_prof: Option<&Path>, seconds: u32) -> Self {
         let script = workload("split.js");
-        let script = script.to_str().expect("a UTF-8 path");
-        let args = if perf_map {
-            vec!["--perf-basic-prof", "--no-turbo-inlining", script]
-        } else {
-            vec!["--no-turbo-inlining", script]
-        };
+        let mut args = vec!["--no-turbo-inlining"];
+        if perf_map {
+            args.push("--perf-basic-prof");
+        }
+        if let Some(dir) = cpu_prof {
+            args.extend([
+                "--cpu-prof",
+                "--cpu-prof-dir",
+                dir.to_str().expect("a UTF-8 path"),
+            ]);
+        }
+        args.push(script.to_str().expect("a UTF-8 path"));
         Self::start("node", &args, seconds)
+    }
+
+    /// Waits for the program to end by itself.
+    fn wait_exit(&mut self, within: Duration) {
+        let deadline = Instant::now() + within;
+        while self.child.try_wait().expect("polling the runtime").is_none() {
+            assert!(
+                Instant::now() < deadline,
+                "the runtime should have ended within {within:?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 
     fn pid(&self) -> u32 {
@@ -100,6 +123,16 @@ impl Drop for Runtime {
         let _ = self.child.wait();
         let _ = std::fs::remove_file(&self.stats);
         let _ = std::fs::remove_file(format!("/tmp/perf-{}.map", self.child.id()));
+        let v8_log = format!("-{}-v8.log", self.child.id());
+        for entry in std::fs::read_dir(std::env::temp_dir())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            if entry.file_name().to_string_lossy().ends_with(&v8_log) {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
     }
 }
 
@@ -145,6 +178,47 @@ fn profile(daemon: &Daemon, runtime: &Runtime, name: &str) -> (Vec<RawSample>, i
     (samples, a, b, expected)
 }
 
+/// hotA's share of the samples under hotA or hotB in the one V8 CPU profile
+/// (`.cpuprofile`: a tree of nodes with their own hit counts) in `dir`.
+fn v8_share(dir: &Path) -> f64 {
+    let file = std::fs::read_dir(dir)
+        .unwrap_or_else(|err| panic!("node --cpu-prof wrote nothing in {}: {err}", dir.display()))
+        .flatten()
+        .map(|entry| entry.path())
+        .find(|path| path.extension().is_some_and(|ext| ext == "cpuprofile"))
+        .expect("a .cpuprofile");
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&file).expect("reading the .cpuprofile")).expect("its JSON");
+    let nodes = json["nodes"].as_array().expect("nodes");
+    let mut parent: HashMap<u64, u64> = HashMap::new();
+    let mut name: HashMap<u64, &str> = HashMap::new();
+    for node in nodes {
+        let id = node["id"].as_u64().expect("an id");
+        name.insert(id, node["callFrame"]["functionName"].as_str().unwrap_or(""));
+        for child in node["children"].as_array().map(Vec::as_slice).unwrap_or_default() {
+            parent.insert(child.as_u64().expect("a child id"), id);
+        }
+    }
+    let (mut a, mut b) = (0, 0);
+    for node in nodes {
+        let hits = node["hitCount"].as_u64().unwrap_or(0);
+        let mut at = node["id"].as_u64();
+        while let Some(id) = at {
+            match name.get(&id).copied() {
+                Some("hotA") => a += hits,
+                Some("hotB") => b += hits,
+                _ => {
+                    at = parent.get(&id).copied();
+                    continue;
+                }
+            }
+            break;
+        }
+    }
+    assert!(a > 0 && b > 0, "V8's profile should hold hotA and hotB: {a}, {b}");
+    a as f64 / (a + b) as f64
+}
+
 fn assert_split(name: &str, a: i64, b: i64, expected: f64) {
     let got = a as f64 / (a + b).max(1) as f64;
     assert!(
@@ -159,10 +233,23 @@ fn assert_split(name: &str, a: i64, b: i64, expected: f64) {
 fn node_functions_are_named_from_its_perf_map_and_split_as_it_measured() {
     let _serial = serial();
     let daemon = Daemon::start(&[]);
-    let node = Runtime::node(true, 60);
+    let cpu_prof = std::env::temp_dir().join(format!("profilerd-jit-cpuprof-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&cpu_prof);
+    let mut node = Runtime::node(true, Some(&cpu_prof), 15);
     // Compiled (and written to the perf map) within the first second or two.
     std::thread::sleep(Duration::from_secs(3));
     let (samples, a, b, expected) = profile(&daemon, &node, "node-jit");
+    node.wait_exit(Duration::from_secs(20));
+    let v8 = v8_share(&cpu_prof);
+    let _ = std::fs::remove_dir_all(&cpu_prof);
+    let ours = a as f64 / (a + b).max(1) as f64;
+    eprintln!("node --cpu-prof: hotA {:.1}% of hotA + hotB", v8 * 100.0);
+    assert!(
+        (ours - v8).abs() * 100.0 <= 5.0,
+        "hotA's share: {:.1}% here, {:.1}% by V8's own profiler (node --cpu-prof)",
+        ours * 100.0,
+        v8 * 100.0
+    );
     let total: i64 = samples.iter().map(|sample| sample.values[0]).sum();
     assert!(
         (a + b) as f64 >= 0.8 * total as f64,
@@ -188,7 +275,7 @@ fn node_functions_are_named_from_its_perf_map_and_split_as_it_measured() {
     drop(node);
 
     // Without --perf-basic-prof: the same code, as JIT code, not a bare address.
-    let unnamed = Runtime::node(false, 30);
+    let unnamed = Runtime::node(false, None, 30);
     std::thread::sleep(Duration::from_secs(2));
     let file = artifacts_dir().join("node-no-map.pb.gz");
     daemon.fetch_pprof(

@@ -3,8 +3,10 @@
 //! processes of the unprivileged test user (their JIT code in anonymous
 //! executable memory, no perf map of their own) are given, each, a map the
 //! user (or root, for the user) put there: their own (used), root's
-//! private one, another user's, a symbolic link to a root-only file, a
-//! FIFO, a 4 GiB sparse file, and one of absurd lines and a 1 MiB name.
+//! private one, another user's, a symbolic link (to root's file, which
+//! anyone may read: links are not followed whatever they lead to), a
+//! FIFO, a 4 GiB sparse file, and one of absurd lines and a 1 MiB name;
+//! then the user's own is truncated and rewritten.
 //! The daemon answers as usual, names what the user's own files say, and
 //! shows nothing of a file the user could not read, to anyone (the test
 //! asks as root, who sees every process).
@@ -34,7 +36,7 @@ enum Map {
     RootOnly,
     /// Another user's (nobody's), mode 0644.
     OtherUser,
-    /// The user's symbolic link to a root-only file.
+    /// The user's symbolic link to a file of root's (readable by anyone).
     Symlink,
     Fifo,
     /// 4 GiB of nothing, the user's.
@@ -109,20 +111,27 @@ fn plant(map: Map, pid: u32, secret: &Path) -> PathBuf {
     let path = PathBuf::from(format!("/tmp/perf-{pid}.map"));
     let _ = std::fs::remove_file(&path);
     let named = lines_naming_jit_code(pid, &map.name());
+    // Made whole under another name, then renamed into place: the daemon
+    // never sees it half made (root's and 0644 before its chown, say).
+    let partial = PathBuf::from(format!("/tmp/perf-{pid}.map.partial"));
     let write = |text: &str, mode: u32, uid: u32, gid: u32| {
-        std::fs::write(&path, text).expect("writing the map");
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).expect("chmod");
-        chown(&path, uid, gid);
+        std::fs::write(&partial, text).expect("writing the map");
+        std::fs::set_permissions(&partial, std::fs::Permissions::from_mode(mode)).expect("chmod");
+        chown(&partial, uid, gid);
+        std::fs::rename(&partial, &path).expect("renaming the map into place");
     };
     match map {
         Map::Own => write(&named, 0o644, user.uid, user.gid),
         Map::RootOnly => write(&named, 0o600, 0, 0),
         Map::OtherUser => write(&named, 0o644, 65534, 65534),
         Map::Symlink => {
-            std::fs::write(secret, &named).expect("writing the root-only file");
-            std::fs::set_permissions(secret, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-            std::os::unix::fs::symlink(secret, &path).expect("the symbolic link");
-            chown(&path, user.uid, user.gid);
+            // Root's and readable by anyone: what a map followed through the
+            // link would pass the owner check with.
+            std::fs::write(secret, &named).expect("writing root's file");
+            std::fs::set_permissions(secret, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+            std::os::unix::fs::symlink(secret, &partial).expect("the symbolic link");
+            chown(&partial, user.uid, user.gid);
+            std::fs::rename(&partial, &path).expect("renaming the link into place");
         }
         Map::Fifo => {
             let status = user
@@ -229,6 +238,33 @@ fn hostile_perf_maps_harm_nothing_and_show_only_what_the_user_could_read() {
         daemon.get("/threads?seconds=5").status,
         200,
         "the daemon is unharmed"
+    );
+
+    // The user's own map truncated and written anew (a runtime restarting
+    // its map, or a user playing): the old names go with it.
+    let (_, own) = nodes
+        .iter()
+        .find(|(map, _)| *map == Map::Own)
+        .expect("the Own node");
+    let own_pid = own.0.id();
+    let rewritten = "hostile_map_rewritten_name";
+    std::fs::write(
+        format!("/tmp/perf-{own_pid}.map"),
+        lines_naming_jit_code(own_pid, rewritten),
+    )
+    .expect("rewriting the user's map");
+    // Looked at again once a second at most.
+    std::thread::sleep(Duration::from_secs(2));
+    let file = artifacts_dir().join("jit-hostile-rewritten.pb.gz");
+    daemon.fetch_pprof(&format!("/debug/pprof/profile?seconds=3&pid={own_pid}"), &file);
+    let functions: Vec<String> = parse_raw(&go_pprof(&["-raw", &file.display().to_string()]))
+        .into_iter()
+        .flat_map(|sample| sample.functions)
+        .collect();
+    assert!(
+        functions.iter().any(|function| function == rewritten)
+            && !functions.iter().any(|function| *function == Map::Own.name()),
+        "after the map was truncated and rewritten, its new names and only those: {functions:?}"
     );
     drop(nodes);
     for path in planted {

@@ -144,6 +144,8 @@ pub struct Pipeline {
     kinds: KindSet,
     started_ms: u64,
     proc_root: ProcRoot,
+    /// Some process is to be traced while the daemon runs.
+    alloc_targets: bool,
 }
 
 impl Pipeline {
@@ -268,6 +270,7 @@ impl Pipeline {
             frequency: options.sampler.frequency,
             kinds,
             started_ms,
+            alloc_targets: !options.alloc_targets.is_empty(),
             proc_root: options.proc_root,
         })
     }
@@ -305,8 +308,12 @@ impl Pipeline {
             .map_err(TraceError::Refused)
     }
 
-    /// The processes traced while the daemon runs, by pid, and since when.
+    /// The processes traced while the daemon runs, by pid, and since when
+    /// (none asked of the drain thread when no target is configured).
     pub async fn traced_continuously(&self) -> Result<Vec<ContinuousTrace>, PipelineError> {
+        if !self.alloc_targets {
+            return Ok(Vec::new());
+        }
         let (reply, answer) = oneshot::channel();
         self.drain_tx
             .send(DrainCommand::Allocations(AllocCommand::Continuous { reply }))

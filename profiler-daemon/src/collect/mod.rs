@@ -27,7 +27,7 @@ pub use mapped_file::{
     DEFAULT_MAX_OPEN_FILES, FileKey, FileVersion, MappedFile, OpenFileStats, OpenFiles, Refusal,
 };
 pub use metrics::{DrainStatus, MapEntries};
-pub use proc_maps::{MapsLine, parse_maps_line};
+pub use proc_maps::{MapsLine, fuse_on_path, parse_maps_line};
 pub use process_snapshot::{MAX_FILES_PER_PROCESS, ProcessSnapshot, SnapshotMapping, SnapshotReader};
 pub use raw::{BpfCounters, RawBatch, RawSample};
 pub use readable::{ReadableBy, readable_by, readable_by_status};

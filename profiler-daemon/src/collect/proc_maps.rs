@@ -84,13 +84,42 @@ impl UserFilesystems {
     }
 }
 
+/// Whether a FUSE mount of the process's mount namespace lies on `path`
+/// (absolute, as the process sees it: `/`, `/tmp` and `/tmp/x` all lie on
+/// `/tmp/x`), where looking the path up would ask a user process that need
+/// never answer; true when the mount table cannot be read whole.
+pub fn fuse_on_path(proc: &ProcRoot, pid: u32, path: &str) -> bool {
+    use std::io::Read as _;
+    let mut text = String::new();
+    let read = std::fs::File::open(proc.file(pid, "mountinfo"))
+        .and_then(|file| file.take(MAX_MOUNTINFO_BYTES + 1).read_to_string(&mut text));
+    match read {
+        Ok(len) if (len as u64) <= MAX_MOUNTINFO_BYTES => fuse_mount_points(&text)
+            .any(|mount| mount == "/" || mount == path || path.starts_with(&format!("{mount}/"))),
+        _ => true,
+    }
+}
+
+/// The mount points of the FUSE mounts in a mountinfo text (relative to the
+/// process's root; spaces and such octal-escaped, as the kernel writes them).
+fn fuse_mount_points(mountinfo: &str) -> impl Iterator<Item = &str> {
+    mountinfo.lines().filter_map(|line| {
+        let (fields, tail) = line.split_once(" - ")?;
+        is_fuse(tail.split_whitespace().next()?).then_some(())?;
+        fields.split_whitespace().nth(4)
+    })
+}
+
+fn is_fuse(fstype: &str) -> bool {
+    fstype == "fuse" || fstype == "fuseblk" || fstype.starts_with("fuse.")
+}
+
 pub fn fuse_devices(mountinfo: &str) -> HashSet<u64> {
     mountinfo
         .lines()
         .filter_map(|line| {
             let (fields, tail) = line.split_once(" - ")?;
-            let fstype = tail.split_whitespace().next()?;
-            if fstype != "fuse" && fstype != "fuseblk" && !fstype.starts_with("fuse.") {
+            if !is_fuse(tail.split_whitespace().next()?) {
                 return None;
             }
             let (major, minor) = fields.split_whitespace().nth(2)?.split_once(':')?;
@@ -102,6 +131,17 @@ pub fn fuse_devices(mountinfo: &str) -> HashSet<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fuse_mount_points_are_found_by_type() {
+        let mountinfo = "22 1 254:1 / / rw,relatime shared:1 - ext4 /dev/vda1 rw\n\
+                         40 22 0:44 / /tmp rw - fuse.sshfs host: rw\n\
+                         41 22 0:45 / /home/a\\040b rw - fuse /dev/fuse rw\n";
+        assert_eq!(
+            fuse_mount_points(mountinfo).collect::<Vec<_>>(),
+            ["/tmp", "/home/a\\040b"]
+        );
+    }
 
     #[test]
     fn parses_file_backed_line() {

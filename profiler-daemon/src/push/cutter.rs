@@ -168,7 +168,13 @@ impl Cutter {
         if !self.named(heap_type) {
             return Some(None);
         }
-        let traced = self.pipeline.traced_continuously().await.ok()?;
+        let traced = match self.pipeline.traced_continuously().await {
+            Ok(traced) => traced,
+            Err(err) => {
+                tracing::warn!("push: the traced processes' heaps are left out of this window: {err}");
+                return Some(None);
+            }
+        };
         let mut heap: Option<Heap> = None;
         for trace in traced {
             let filter = Filter {

@@ -63,7 +63,8 @@ pub fn encode(
             match backend {
                 Backend::Pyroscope => {
                     // Its allocations are the window's, not running totals.
-                    pairs.insert(0, label("__delta__", "false"));
+                    pairs.push(label("__delta__", "false"));
+                    pairs.sort_by(|a, b| a.name.cmp(&b.name));
                     let raw_profile = pprof::gzip_bytes(&one.together().encode_to_vec())?;
                     encoded.push((pairs, raw_profile, one.samples()));
                 }

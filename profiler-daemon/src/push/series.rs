@@ -124,7 +124,10 @@ impl Merged {
                 merged.cgroup = None;
                 merged.ns_pid = None;
                 if labels == SampleLabels::None {
+                    // Summed over processes: no process's pid or name (which
+                    // would keep an allocation and its free apart).
                     merged.pid = 0;
+                    merged.comm = Arc::from("");
                 }
                 self.samples.insert(key, merged);
             }

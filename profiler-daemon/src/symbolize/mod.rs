@@ -161,6 +161,7 @@ impl Symbolizer {
         }
         self.jit_seen.sort_unstable();
         self.jit_seen.dedup();
+        self.perf_maps.begin_batch();
         for (pid, instance) in std::mem::take(&mut self.jit_seen) {
             let ns_pid = self
                 .processes
@@ -296,14 +297,13 @@ impl Symbolizer {
             }
             let address = return_adjusted(ip, index > 0 || after_kernel);
             match process.mapping_of(address) {
-                Some(mapping) => match &mapping.file {
-                    Some(file) => {
+                Some(mapping) if is_jit_code(mapping) => self.jit_seen.push((key.tgid, key.instance)),
+                Some(mapping) => {
+                    if let Some(file) = &mapping.file {
                         self.resolver
                             .want_user(file, address - mapping.start + mapping.offset, owner);
                     }
-                    None if mapping.mapping.path.is_empty() => self.jit_seen.push((key.tgid, key.instance)),
-                    None => {}
-                },
+                }
                 None => all_mapped = false,
             }
         }
@@ -319,6 +319,14 @@ impl Symbolizer {
             })
             .clone()
     }
+}
+
+/// Executable memory no file describes: a JIT's code. Anonymous, or (.NET
+/// 7+, which maps its code twice to keep it never writable and executable
+/// at once) its double-mapped memfd.
+fn is_jit_code(mapping: &processes::UserMapping) -> bool {
+    let path = &*mapping.mapping.path;
+    path.is_empty() || path.starts_with("/memfd:doublemapper")
 }
 
 fn stack_of(stacks: &HashMap<u32, Arc<[u64]>>, id: i32) -> Option<&[u64]> {
@@ -377,8 +385,9 @@ fn build_stack(
         let address = return_adjusted(ip, index > 0 || after_kernel);
         let mapping = process.and_then(|process| process.mapping_of(address));
         let lines = mapping.and_then(|mapping| match &mapping.file {
+            _ if is_jit_code(mapping) => perf_maps.lines(pid, instance, address),
             Some(file) => resolver.user(file, address - mapping.start + mapping.offset),
-            None => perf_maps.lines(pid, instance, address),
+            None => None,
         });
         locations.push(location(
             FrameKind::User,
@@ -388,7 +397,7 @@ fn build_stack(
             || match mapping {
                 // Anonymous executable memory: a JIT's code, not named by a
                 // perf map (the runtime writes none, or not this yet).
-                Some(mapping) if mapping.mapping.path.is_empty() => "[jit]".to_owned(),
+                Some(mapping) if is_jit_code(mapping) => "[jit]".to_owned(),
                 Some(mapping) => {
                     let module = mapping.mapping.path.rsplit('/').next().unwrap_or_default();
                     format!(

@@ -12,43 +12,49 @@
 //! regular file owned by the process's owner (or root's, readable by
 //! anyone: what the owner could read anyway), and read by the sandboxed
 //! worker in bounded chunks from where the last read ended (runtimes
-//! append). A later line for the same address wins over an earlier one.
+//! append; a file whose first bytes changed was written anew, and is read
+//! again from its start). A later line for the same address wins over an
+//! earlier one.
+
+mod open;
 
 use std::{
     collections::{BTreeMap, HashMap},
-    os::fd::OwnedFd,
     sync::Arc,
     time::{Duration, Instant},
 };
 
-use nix::{
-    fcntl::{OFlag, OpenHow, ResolveFlag},
-    sys::stat::{Mode, SFlag, fstat},
-};
-
-use super::{resolver::Resolver, stack::Line, worker::FileIdentity};
+use super::{resolver::Resolver, stack::Line};
 use crate::procfs::ProcRoot;
 
 /// A process's map is looked at again at most this often.
 const CHECK_EVERY: Duration = Duration::from_secs(1);
 /// Chunks (of 4 MiB) read per look: the rest waits for the next.
 const CHUNKS_PER_CHECK: usize = 4;
+/// Read per batch over every process, at most: the rest waits.
+const MAX_CHUNKS_PER_BATCH: usize = 8;
 /// What one process's map may make the daemon keep and read.
 const MAX_SYMBOLS_PER_PROCESS: usize = 262_144;
 const MAX_BYTES_PER_PROCESS: u64 = 256 << 20;
-/// Processes with a map kept at once; past it, the least recently looked at go.
-const MAX_PROCESSES: usize = 256;
+/// What every map together may make the daemon keep: names and entries.
+const MAX_HELD_BYTES: u64 = 64 << 20;
+/// What an entry costs besides its name (the tree's node, the frame).
+const ENTRY_BYTES: u64 = 96;
+/// Processes remembered as looked at (with a map or not); past it, forgotten
+/// (looked at again).
+const MAX_LOOKED: usize = 8192;
 
 /// Perf map figures for /metrics.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct PerfMapStats {
     /// Chunks read by the worker.
     pub reads: u64,
-    /// Maps not read: not a regular file, another user's, a link.
+    /// Maps not read: not a regular file, another user's, a link, FUSE.
     pub refused: u64,
     /// Lines that were no symbol.
     pub bad_lines: u64,
-    /// Maps that hit a bound (symbols, bytes): the rest is not read.
+    /// Maps that hit a bound (symbols, bytes, all maps' memory): the rest
+    /// is not read.
     pub capped: u64,
     /// Symbols held now.
     pub symbols: u64,
@@ -61,13 +67,22 @@ struct JitProcess {
     read_to: u64,
     /// By start: (end, the function as a frame shows it).
     symbols: BTreeMap<u64, (u64, Arc<[Line]>)>,
-    checked: Option<Instant>,
+    /// What `symbols` costs, in [`MAX_HELD_BYTES`]'s terms.
+    held: u64,
     capped: bool,
+    /// The length and hash of the file's head when first read: another head
+    /// is another file written over this one.
+    head: Option<(u64, u64)>,
 }
 
 pub struct PerfMaps {
     proc: ProcRoot,
+    /// Processes with a map read.
     processes: HashMap<(u32, u32), JitProcess>,
+    /// When each process was last looked at.
+    looked: HashMap<(u32, u32), Instant>,
+    held: u64,
+    chunks_this_batch: usize,
     pub stats: PerfMapStats,
 }
 
@@ -76,6 +91,9 @@ impl PerfMaps {
         Self {
             proc,
             processes: HashMap::new(),
+            looked: HashMap::new(),
+            held: 0,
+            chunks_this_batch: 0,
             stats: PerfMapStats::default(),
         }
     }
@@ -88,53 +106,70 @@ impl PerfMaps {
     }
 
     pub fn exited(&mut self, pid: u32, instance: u32) {
+        self.looked.remove(&(pid, instance));
+        self.forget(pid, instance);
+    }
+
+    /// Drops what the process's map said.
+    fn forget(&mut self, pid: u32, instance: u32) {
         if let Some(process) = self.processes.remove(&(pid, instance)) {
             self.stats.symbols -= process.symbols.len() as u64;
+            self.held -= process.held;
         }
+    }
+
+    /// A new batch: its reads start from nothing.
+    pub fn begin_batch(&mut self) {
+        self.chunks_this_batch = 0;
     }
 
     /// Reads what is new in the perf map of the process (`ns_pid`: its pid
     /// in its own namespace, the one in the file's name), at most once a
-    /// second; a process without one is looked at again as often.
+    /// second whether it has one or not.
     pub fn refresh(&mut self, pid: u32, instance: u32, ns_pid: Option<u32>, resolver: &mut Resolver) {
-        if !self.processes.contains_key(&(pid, instance)) && self.processes.len() >= MAX_PROCESSES {
-            let oldest = self
-                .processes
-                .iter()
-                .min_by_key(|(_, process)| process.checked)
-                .map(|(key, _)| *key);
-            if let Some((pid, instance)) = oldest {
-                self.exited(pid, instance);
-            }
-        }
-        let process = self.processes.entry((pid, instance)).or_default();
-        if process.checked.is_some_and(|at| at.elapsed() < CHECK_EVERY) {
+        let key = (pid, instance);
+        if self.looked.get(&key).is_some_and(|at| at.elapsed() < CHECK_EVERY)
+            || self.chunks_this_batch >= MAX_CHUNKS_PER_BATCH
+        {
             return;
         }
-        process.checked = Some(Instant::now());
-        let (fd, identity) = match open(&self.proc, pid, ns_pid.unwrap_or(pid)) {
+        if self.looked.len() >= MAX_LOOKED {
+            self.looked.clear();
+        }
+        self.looked.insert(key, Instant::now());
+        let (fd, identity) = match open::open(&self.proc, pid, ns_pid.unwrap_or(pid)) {
             Ok(Some(opened)) => opened,
+            // No map (or no more): what an earlier one said still names the
+            // code it described.
             Ok(None) => return,
             Err(reason) => {
+                // A map refused now shows nothing it said before either.
+                self.forget(pid, instance);
                 self.stats.refused += 1;
                 tracing::debug!(pid, "perf map not read: {reason}");
                 return;
             }
         };
+        let mut process = self.processes.remove(&key).unwrap_or_default();
         if process.file != Some((identity.dev, identity.inode)) || identity.size < process.read_to {
             // Another file, or this one truncated: what it said is gone.
-            self.stats.symbols -= process.symbols.len() as u64;
-            *process = JitProcess {
+            self.drop_symbols(&mut process);
+            process = JitProcess {
                 file: Some((identity.dev, identity.inode)),
-                checked: process.checked,
                 ..JitProcess::default()
             };
         }
+        let mut started_over = false;
         for _ in 0..CHUNKS_PER_CHECK {
-            if process.capped || process.read_to >= identity.size {
+            if process.capped
+                || process.read_to >= identity.size
+                || self.chunks_this_batch >= MAX_CHUNKS_PER_BATCH
+            {
                 break;
             }
-            let chunk = match resolver.perf_map(&fd, identity, process.read_to) {
+            self.chunks_this_batch += 1;
+            let head_bytes = process.head.map_or(0, |(len, _)| len);
+            let chunk = match resolver.perf_map(&fd, identity, process.read_to, head_bytes) {
                 Ok(chunk) => chunk,
                 Err(err) => {
                     tracing::debug!(pid, "perf map: {}", crate::error::Chain(&err));
@@ -142,23 +177,35 @@ impl PerfMaps {
                 }
             };
             self.stats.reads += 1;
+            match process.head {
+                // Truncated and written anew past where the last read ended:
+                // what it said is gone; read again from its start.
+                Some((_, hash)) if chunk.head_hash != hash => {
+                    self.drop_symbols(&mut process);
+                    process = JitProcess {
+                        file: process.file,
+                        ..JitProcess::default()
+                    };
+                    if std::mem::replace(&mut started_over, true) {
+                        break;
+                    }
+                    continue;
+                }
+                Some(_) => {}
+                None if chunk.head_len > 0 && chunk.head_hash != 0 => {
+                    process.head = Some((chunk.head_len, chunk.head_hash));
+                }
+                None => {}
+            }
             self.stats.bad_lines += chunk.bad_lines;
             let advanced = chunk.read_to > process.read_to;
             process.read_to = chunk.read_to;
             for (start, end, name) in chunk.symbols {
-                if process.symbols.len() >= MAX_SYMBOLS_PER_PROCESS && !process.symbols.contains_key(&start) {
+                if process.symbols.len() >= MAX_SYMBOLS_PER_PROCESS || self.held >= MAX_HELD_BYTES {
                     process.capped = true;
                     break;
                 }
-                // As the runtime wrote it: Node's `JS:*hot /srv/app.js:3:14`,
-                // the JVM's `void Main.hot(int)`.
-                if process
-                    .symbols
-                    .insert(start, (end, Line::named(name.into())))
-                    .is_none()
-                {
-                    self.stats.symbols += 1;
-                }
+                self.insert(&mut process, start, end, &name);
             }
             if process.read_to >= MAX_BYTES_PER_PROCESS {
                 process.capped = true;
@@ -171,52 +218,79 @@ impl PerfMaps {
                 break;
             }
         }
+        self.processes.insert(key, process);
+    }
+
+    /// Adds a symbol; a later one replaces what it overlaps (code space
+    /// reused for another function).
+    fn insert(&mut self, process: &mut JitProcess, start: u64, end: u64, name: &str) {
+        let mut overlapped: Vec<u64> = process.symbols.range(start..end).map(|(&at, _)| at).collect();
+        if let Some((&at, &(before_end, _))) = process.symbols.range(..start).next_back()
+            && before_end > start
+        {
+            overlapped.push(at);
+        }
+        for at in overlapped {
+            if let Some((_, lines)) = process.symbols.remove(&at) {
+                let cost = entry_cost(&lines);
+                process.held -= cost;
+                self.held -= cost;
+                self.stats.symbols -= 1;
+            }
+        }
+        // As the runtime wrote it: Node's `JS:*hot /srv/app.js:3:14`, the
+        // JVM's `void Main.hot(int)`.
+        let lines = Line::named(name.into());
+        let cost = entry_cost(&lines);
+        process.held += cost;
+        self.held += cost;
+        self.stats.symbols += 1;
+        process.symbols.insert(start, (end, lines));
+    }
+
+    fn drop_symbols(&mut self, process: &mut JitProcess) {
+        self.stats.symbols -= process.symbols.len() as u64;
+        self.held -= process.held;
+        process.symbols.clear();
+        process.held = 0;
     }
 }
 
-/// The process's perf map as it sees it, if it has one it may show: None
-/// without one; Err(why) for one that is refused.
-fn open(proc: &ProcRoot, pid: u32, ns_pid: u32) -> Result<Option<(OwnedFd, FileIdentity)>, String> {
-    let owner = proc.real_uid(pid).ok_or("the process's owner is unknown")?;
-    // The magic link to its root is followed once, on purpose; everything
-    // inside is resolved as if that were `/`, with no link followed.
-    let root = match nix::fcntl::open(
-        &proc.file(pid, "root"),
-        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    ) {
-        Ok(root) => root,
-        Err(_) => return Ok(None),
-    };
-    let how = OpenHow::new()
-        .flags(OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW | OFlag::O_NOCTTY)
-        .resolve(
-            ResolveFlag::RESOLVE_IN_ROOT
-                | ResolveFlag::RESOLVE_NO_SYMLINKS
-                | ResolveFlag::RESOLVE_NO_MAGICLINKS,
-        );
-    let fd = match nix::fcntl::openat2(&root, format!("tmp/perf-{ns_pid}.map").as_str(), how) {
-        Ok(fd) => fd,
-        Err(nix::errno::Errno::ENOENT) => return Ok(None),
-        Err(nix::errno::Errno::ELOOP) => return Err("a symbolic link on the way".into()),
-        Err(err) => return Err(format!("opening it: {err}")),
-    };
-    let stat = fstat(&fd).map_err(|err| format!("fstat: {err}"))?;
-    if SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT != SFlag::S_IFREG {
-        return Err("not a regular file".into());
+fn entry_cost(lines: &[Line]) -> u64 {
+    ENTRY_BYTES
+        + lines
+            .iter()
+            .map(|line| line.function.name.len() as u64)
+            .sum::<u64>()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn name_at(maps: &PerfMaps, address: u64) -> Option<String> {
+        maps.lines(1, 1, address)
+            .map(|lines| lines[0].function.name.to_string())
     }
-    let world_readable = stat.st_mode & 0o004 != 0;
-    if stat.st_uid != owner && !(stat.st_uid == 0 && world_readable) {
-        return Err(format!(
-            "owned by uid {}, not by the process's owner {owner}",
-            stat.st_uid
-        ));
+
+    #[test]
+    fn a_later_symbol_replaces_what_it_overlaps_and_the_memory_is_counted() {
+        let mut maps = PerfMaps::new(ProcRoot::default());
+        let mut process = JitProcess::default();
+        maps.insert(&mut process, 0x1000, 0x1100, "old_a");
+        maps.insert(&mut process, 0x1100, 0x1200, "old_b");
+        maps.insert(&mut process, 0x3000, 0x3100, "kept");
+        // Code space reused: one function over both.
+        maps.insert(&mut process, 0x1080, 0x1180, "new");
+        maps.processes.insert((1, 1), process);
+        assert_eq!(name_at(&maps, 0x1000), None, "old_a was overlapped");
+        assert_eq!(name_at(&maps, 0x1090).as_deref(), Some("new"));
+        assert_eq!(name_at(&maps, 0x1190), None, "old_b was overlapped");
+        assert_eq!(name_at(&maps, 0x3050).as_deref(), Some("kept"));
+        assert_eq!(name_at(&maps, 0x3100), None, "the end is exclusive");
+        assert_eq!(maps.stats.symbols, 2);
+        assert_eq!(maps.held, 2 * ENTRY_BYTES + 3 + 4);
+        maps.exited(1, 1);
+        assert_eq!((maps.stats.symbols, maps.held), (0, 0));
     }
-    let identity = FileIdentity {
-        dev: stat.st_dev,
-        inode: stat.st_ino,
-        size: u64::try_from(stat.st_size).unwrap_or(0),
-        mtime_ns: stat.st_mtime * 1_000_000_000 + stat.st_mtime_nsec,
-    };
-    Ok(Some((fd, identity)))
 }

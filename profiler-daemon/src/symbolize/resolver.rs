@@ -91,14 +91,16 @@ pub struct Resolver {
 }
 
 impl Resolver {
-    /// The perf map lines of `fd` from byte `from` on, read by the worker.
+    /// The perf map lines of `fd` from byte `from` on, and the hash of its
+    /// first `head_bytes`, read by the worker.
     pub fn perf_map(
         &mut self,
         fd: &std::os::fd::OwnedFd,
         identity: FileIdentity,
         from: u64,
+        head_bytes: u64,
     ) -> Result<super::worker::JitSymbols, super::worker::PerfMapError> {
-        self.worker.perf_map(fd, identity, from)
+        self.worker.perf_map(fd, identity, from, head_bytes)
     }
 
     pub fn new(worker: WorkerConfig) -> Self {

@@ -4,7 +4,8 @@
 //! allocated since and have not freed.
 
 use std::{
-    collections::HashSet,
+    collections::HashMap,
+    path::PathBuf,
     time::{Duration, Instant},
 };
 
@@ -15,15 +16,16 @@ use crate::filter::Filter;
 
 /// How often /proc is searched for the processes named.
 const SCAN_EVERY: Duration = Duration::from_secs(5);
-/// Processes whose tracing was refused, remembered so as not to be asked
-/// again at every search (a Go program stays one).
+/// Processes whose tracing was refused, remembered (with the program they
+/// ran) so as not to be asked again at every search (a Go program stays
+/// one, until it executes another).
 const MAX_PASSED: usize = 4096;
 
 #[derive(Debug, Default)]
 pub(super) struct Targets {
     filters: Vec<Filter>,
     last_scan: Option<Instant>,
-    passed: HashSet<u32>,
+    passed: HashMap<u32, Option<PathBuf>>,
 }
 
 impl Targets {
@@ -47,10 +49,13 @@ impl AllocationTracer {
         let passed = &self.continuous.passed;
         // The daemon's own allocations are not its business.
         let own = std::process::id();
+        let proc_root = &self.proc_root;
         let known = |pid| {
             pid == own
                 || traces.get(&pid).is_some_and(|trace| trace.continuous.is_some())
-                || passed.contains(&pid)
+                || passed
+                    .get(&pid)
+                    .is_some_and(|program| *program == executable(proc_root, pid))
         };
         for pid in selection::running(&self.proc_root, &self.continuous.filters, known) {
             match self.start(ebpf, pid, Duration::ZERO, true) {
@@ -62,11 +67,17 @@ impl AllocationTracer {
                     if self.continuous.passed.len() >= MAX_PASSED {
                         self.continuous.passed.clear();
                     }
-                    self.continuous.passed.insert(pid);
+                    let program = executable(&self.proc_root, pid);
+                    self.continuous.passed.insert(pid, program);
                 }
             }
         }
         let proc_root = &self.proc_root;
-        self.continuous.passed.retain(|&pid| proc_root.exists(pid));
+        self.continuous.passed.retain(|&pid, _| proc_root.exists(pid));
     }
+}
+
+/// The program `pid` runs (its executable's path), to tell an exec.
+fn executable(proc_root: &crate::procfs::ProcRoot, pid: u32) -> Option<PathBuf> {
+    std::fs::read_link(proc_root.file(pid, "exe")).ok()
 }

@@ -5,7 +5,7 @@ use std::os::fd::OwnedFd;
 
 use super::{
     FileIdentity, WorkerClient, WorkerError,
-    perf_map_text::{MAX_ADDRESS, MAX_CHUNK_BYTES, MAX_CHUNK_SYMBOLS, MAX_SYMBOL_SIZE},
+    perf_map_text::{MAX_ADDRESS, MAX_CHUNK_BYTES, MAX_CHUNK_SYMBOLS, MAX_HEAD_BYTES, MAX_SYMBOL_SIZE},
     protocol::{self, MAX_NAME_BYTES, PerfMapRead, Request},
 };
 
@@ -19,22 +19,27 @@ pub enum PerfMapError {
 }
 
 /// Symbols read from a perf map: (start, end, name), in file order (later
-/// lines are newer), and where the next read starts.
+/// lines are newer), where the next read starts, and the hash of the head
+/// asked for (0: the file is shorter now).
 #[derive(Debug, Default)]
 pub struct JitSymbols {
     pub symbols: Vec<(u64, u64, String)>,
     pub read_to: u64,
     pub bad_lines: u64,
+    /// The hash of the file's first `head_len` bytes.
+    pub head_hash: u64,
+    pub head_len: u64,
 }
 
 impl WorkerClient {
     /// The perf map lines of the open file `fd` from byte `from` on (at most
-    /// 4 MiB of them).
+    /// 4 MiB of them), and the hash of its first `head_bytes`.
     pub fn perf_map(
         &mut self,
         fd: &OwnedFd,
         identity: FileIdentity,
         from: u64,
+        head_bytes: u64,
     ) -> Result<JitSymbols, PerfMapError> {
         let request = Request {
             file: Some(identity),
@@ -44,6 +49,7 @@ impl WorkerClient {
             perf_map: Some(PerfMapRead {
                 from,
                 max_bytes: MAX_CHUNK_BYTES,
+                head_bytes,
             }),
         };
         let answer = self.supervised(fd, &request, self.config.deadline, |response| {
@@ -55,6 +61,7 @@ impl WorkerClient {
             };
             if chunk.read_to < from
                 || chunk.read_to - from > MAX_CHUNK_BYTES
+                || chunk.head_len > MAX_HEAD_BYTES
                 || chunk.symbols.len() > MAX_CHUNK_SYMBOLS
             {
                 return Err(WorkerError::Protocol(format!(
@@ -82,6 +89,8 @@ impl WorkerClient {
                 symbols,
                 read_to: chunk.read_to,
                 bad_lines: chunk.bad_lines,
+                head_hash: chunk.head_hash,
+                head_len: chunk.head_len,
             }))
         })?;
         answer.map_err(PerfMapError::Unreadable)

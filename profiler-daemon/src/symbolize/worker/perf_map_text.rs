@@ -6,7 +6,7 @@
 
 use std::os::fd::OwnedFd;
 
-use super::protocol::{self, MAX_NAME_BYTES, PerfMapChunk, PerfMapSymbol};
+use super::protocol::{self, MAX_NAME_BYTES, PerfMapChunk, PerfMapRead, PerfMapSymbol};
 
 /// Read per request at most (a busy Node process writes a few MiB).
 pub const MAX_CHUNK_BYTES: u64 = 4 << 20;
@@ -19,12 +19,42 @@ pub const MAX_SYMBOL_SIZE: u64 = 1 << 30;
 /// Above every user-space address of the architectures we run on.
 pub const MAX_ADDRESS: u64 = 1 << 57;
 
-/// Reads `fd` from byte `from`, at most `max_bytes`, and parses the lines.
-pub fn read_chunk(fd: &OwnedFd, from: u64, max_bytes: u64) -> Result<PerfMapChunk, String> {
-    let max = usize::try_from(max_bytes.min(MAX_CHUNK_BYTES)).unwrap_or(0);
-    let mut bytes = vec![0; max];
+/// The head of a file compared between reads, at most.
+pub const MAX_HEAD_BYTES: u64 = 4096;
+
+/// Reads `read.from` onwards of `fd` (at most `read.max_bytes`), parses the
+/// lines, and hashes the file's first `read.head_bytes`.
+pub fn read_chunk(fd: &OwnedFd, read: PerfMapRead) -> Result<PerfMapChunk, String> {
+    let max = usize::try_from(read.max_bytes.min(MAX_CHUNK_BYTES)).unwrap_or(0);
+    let bytes = read_at(fd, read.from, max)?;
+    let mut chunk = parse_chunk(&bytes, read.from, bytes.len() == max);
+    chunk.head_len = match read.head_bytes {
+        0 => chunk.read_to.min(MAX_HEAD_BYTES),
+        asked => asked.min(MAX_HEAD_BYTES),
+    };
+    let head_len = usize::try_from(chunk.head_len).unwrap_or(0);
+    if head_len > 0 {
+        let head = read_at(fd, 0, head_len)?;
+        if head.len() == head_len {
+            chunk.head_hash = head_hash(&head);
+        }
+    }
+    Ok(chunk)
+}
+
+/// FNV-1a of the head of a file (never 0, which says "too short").
+pub fn head_hash(bytes: &[u8]) -> u64 {
+    let hash = bytes.iter().fold(0xcbf2_9ce4_8422_2325_u64, |hash, &byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+    });
+    hash.max(1)
+}
+
+/// Up to `len` bytes of `fd` from `from` (fewer at its end).
+fn read_at(fd: &OwnedFd, from: u64, len: usize) -> Result<Vec<u8>, String> {
+    let mut bytes = vec![0; len];
     let mut filled = 0;
-    while filled < max {
+    while filled < len {
         let at = i64::try_from(from + filled as u64).map_err(|_| "offset out of range".to_owned())?;
         match nix::sys::uio::pread(fd, &mut bytes[filled..], at) {
             Ok(0) => break,
@@ -34,7 +64,7 @@ pub fn read_chunk(fd: &OwnedFd, from: u64, max_bytes: u64) -> Result<PerfMapChun
         }
     }
     bytes.truncate(filled);
-    Ok(parse_chunk(&bytes, from, filled == max))
+    Ok(bytes)
 }
 
 /// Parses the whole lines of `bytes` (read from byte `from` of the file;
@@ -44,6 +74,8 @@ pub fn parse_chunk(bytes: &[u8], from: u64, full: bool) -> PerfMapChunk {
         symbols: Vec::new(),
         read_to: from,
         bad_lines: 0,
+        head_hash: 0,
+        head_len: 0,
     };
     let mut consumed = 0;
     while let Some(length) = bytes[consumed..].iter().position(|&byte| byte == b'\n') {

@@ -54,6 +54,12 @@ pub struct PerfMapRead {
     pub from: u64,
     #[prost(uint64, tag = "2")]
     pub max_bytes: u64,
+    /// Hash this many bytes at the start of the file too (0: the whole
+    /// lines this read takes, up to 4 KiB): the daemon compares them with
+    /// what was there before, to tell a file truncated and written anew
+    /// from one appended to.
+    #[prost(uint64, tag = "3")]
+    pub head_bytes: u64,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash, prost::Message)]
@@ -109,6 +115,11 @@ pub struct PerfMapChunk {
     /// Lines that were no symbol (bad numbers, absurd ranges, too long).
     #[prost(uint64, tag = "3")]
     pub bad_lines: u64,
+    /// The hash of the file's first `head_len` bytes (0: it is shorter).
+    #[prost(uint64, tag = "4")]
+    pub head_hash: u64,
+    #[prost(uint64, tag = "5")]
+    pub head_len: u64,
 }
 
 /// One perf map line: code of `size` bytes at `start`, named `name`.

@@ -97,7 +97,7 @@ impl Worker {
 
     fn handle(&mut self, request: &Request, fd: OwnedFd) -> Response {
         if let Some(read) = request.perf_map {
-            return match perf_map_text::read_chunk(&fd, read.from, read.max_bytes) {
+            return match perf_map_text::read_chunk(&fd, read) {
                 Ok(chunk) => Response {
                     perf_map: Some(chunk),
                     ..Response::default()
