@@ -235,9 +235,9 @@ fn node_functions_are_named_from_its_perf_map_and_split_as_it_measured() {
     let daemon = Daemon::start(&[]);
     let cpu_prof = std::env::temp_dir().join(format!("profilerd-jit-cpuprof-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&cpu_prof);
-    let mut node = Runtime::node(true, Some(&cpu_prof), 15);
-    // Compiled (and written to the perf map) within the first second or two.
-    std::thread::sleep(Duration::from_secs(3));
+    let mut node = Runtime::node(true, Some(&cpu_prof), 17);
+    // Compiled, optimized (and written to the perf map) in the first seconds.
+    std::thread::sleep(Duration::from_secs(5));
     let (samples, a, b, expected) = profile(&daemon, &node, "node-jit");
     node.wait_exit(Duration::from_secs(20));
     let v8 = v8_share(&cpu_prof);

@@ -297,7 +297,13 @@ impl Symbolizer {
             }
             let address = return_adjusted(ip, index > 0 || after_kernel);
             match process.mapping_of(address) {
-                Some(mapping) if is_jit_code(mapping) => self.jit_seen.push((key.tgid, key.instance)),
+                // JIT code its map does not name yet: the map is looked at
+                // (what it names needs nothing more).
+                Some(mapping) if is_jit_code(mapping) => {
+                    if self.perf_maps.lines(key.tgid, key.instance, address).is_none() {
+                        self.jit_seen.push((key.tgid, key.instance));
+                    }
+                }
                 Some(mapping) => {
                     if let Some(file) = &mapping.file {
                         self.resolver

@@ -27,8 +27,10 @@ use std::{
 use super::{resolver::Resolver, stack::Line};
 use crate::procfs::ProcRoot;
 
-/// A process's map is looked at again at most this often.
-const CHECK_EVERY: Duration = Duration::from_secs(1);
+/// A process's map is looked at again at most this often (and only while
+/// it runs JIT code its map does not name): a few times per drain, so a
+/// function compiled since the last look is named in the drain after it.
+const CHECK_EVERY: Duration = Duration::from_millis(250);
 /// Chunks (of 4 MiB) read per look: the rest waits for the next.
 const CHUNKS_PER_CHECK: usize = 4;
 /// Read per batch over every process, at most: the rest waits.
@@ -124,8 +126,8 @@ impl PerfMaps {
     }
 
     /// Reads what is new in the perf map of the process (`ns_pid`: its pid
-    /// in its own namespace, the one in the file's name), at most once a
-    /// second whether it has one or not.
+    /// in its own namespace, the one in the file's name), at most every
+    /// [`CHECK_EVERY`] whether it has one or not.
     pub fn refresh(&mut self, pid: u32, instance: u32, ns_pid: Option<u32>, resolver: &mut Resolver) {
         let key = (pid, instance);
         if self.looked.get(&key).is_some_and(|at| at.elapsed() < CHECK_EVERY)

@@ -1,11 +1,14 @@
 // Splits its CPU between two Java methods, hotA 3 ms for every 1 ms of
-// hotB, and measures the time each really spent (its oracle), written to
-// STATS every 200 ms as "hotA NS hotB NS".
+// hotB on average, and measures the time each really spent (its oracle),
+// written to STATS every 200 ms as "hotA NS hotB NS". Each turn's length is
+// drawn at random (hotA 2-4 ms, hotB 0.5-1.5 ms): a fixed 4-ms rhythm would
+// beat with the sampler's 10.1-ms period.
 //
 // java -XX:+PreserveFramePointer -XX:CompileCommand=dontinline,Split::* Split.java SECONDS STATS
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.nio.file.StandardCopyOption;
+import java.util.concurrent.ThreadLocalRandom;
 
 public class Split {
     static long spentA;
@@ -24,13 +27,13 @@ public class Split {
 
     static void hotA() {
         long start = System.nanoTime();
-        sink = spin(start + 3_000_000L);
+        sink = spin(start + ThreadLocalRandom.current().nextLong(2_000_000L, 4_000_000L));
         spentA += System.nanoTime() - start;
     }
 
     static void hotB() {
         long start = System.nanoTime();
-        sink = spin(start + 1_000_000L);
+        sink = spin(start + ThreadLocalRandom.current().nextLong(500_000L, 1_500_000L));
         spentB += System.nanoTime() - start;
     }
 

@@ -1,6 +1,9 @@
 // Splits its CPU between two JavaScript functions, hotA 3 ms for every 1 ms
-// of hotB, and measures the time each really spent (its oracle), written
-// to STATS every 200 ms as {"hotA": ns, "hotB": ns}.
+// of hotB on average, and measures the time each really spent (its oracle),
+// written to STATS every 200 ms as {"hotA": ns, "hotB": ns}. Each turn's
+// length is drawn at random (hotA 2-4 ms, hotB 0.5-1.5 ms): a fixed 4-ms
+// rhythm would beat with the sampler's 10.1-ms period, and the samples would
+// see the same few phases of it for seconds.
 //
 // node --perf-basic-prof --no-turbo-inlining split.js SECONDS STATS
 'use strict';
@@ -20,13 +23,13 @@ function spin(untilNs) {
 
 function hotA() {
   const start = process.hrtime.bigint();
-  sink = spin(start + 3000000n);
+  sink = spin(start + BigInt(Math.floor(2e6 + 2e6 * Math.random())));
   spent.hotA += process.hrtime.bigint() - start;
 }
 
 function hotB() {
   const start = process.hrtime.bigint();
-  sink = spin(start + 1000000n);
+  sink = spin(start + BigInt(Math.floor(5e5 + 1e6 * Math.random())));
   spent.hotB += process.hrtime.bigint() - start;
 }
 

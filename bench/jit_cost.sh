@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# What naming JIT code from perf maps costs the daemon: its CPU (and its
+# worker processes', which read the maps) as a share of one core over
+# MEASURE_SECONDS (20), at the default 99 Hz, with
+#   - a busy Node process writing a perf map (--perf-basic-prof);
+#   - the same process without one (its JIT code looked for a map once a
+#     second, shown as [jit]);
+#   - no Node at all (the daemon at rest, the baseline).
+# Also the map's size and the worker reads made, from /metrics.
+# Usage: bench/jit_cost.sh [RUNS]   (root; uses the built target/release/profilerd;
+# node from the nodejs package). Each row: the median of RUNS (3) runs.
+set -euo pipefail
+export LC_ALL=C
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+runs="${1:-3}"
+measure="${MEASURE_SECONDS:-20}"
+cd "$root"
+if [ ! -x target/release/profilerd ]; then
+    echo "target/release/profilerd is missing: build it first (cargo build --release -p profiler-daemon)" >&2
+    exit 1
+fi
+command -v node >/dev/null || { echo "node is missing (apt-get install nodejs)" >&2; exit 1; }
+work="$(mktemp -d)"
+trap 'kill "${daemon:-0}" "${node_pid:-0}" 2>/dev/null || true; rm -rf "$work"' EXIT
+hz="$(getconf CLK_TCK)"
+
+med() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
+# CPU ticks (user + system) of the daemon and its worker processes.
+ticks() {
+    local total=0 pid
+    for pid in "$daemon" $(pgrep -P "$daemon" || true); do
+        total=$((total + $(awk '{sub(/.*\) /, ""); print $12 + $13}' "/proc/$pid/stat" 2>/dev/null || echo 0)))
+    done
+    echo "$total"
+}
+metric() { curl -s "http://127.0.0.1:$port/metrics" | awk -v m="$1" '$1 == m {print $2}'; }
+
+# run MODE: prints the daemon's CPU % of a core over the measurement.
+run() {
+    port=$((7600 + RANDOM % 300))
+    target/release/profilerd --listen "127.0.0.1:$port" >"$work/daemon.log" 2>&1 &
+    daemon=$!
+    until curl -sf "http://127.0.0.1:$port/metrics" >/dev/null; do sleep 0.2; done
+    node_pid=0
+    case "$1" in
+        map) (cd "$work" && exec node --perf-basic-prof "$root/tests/workloads/jit/split.js" $((measure + 15)) "$work/stats") &
+             node_pid=$! ;;
+        nomap) (cd "$work" && exec node "$root/tests/workloads/jit/split.js" $((measure + 15)) "$work/stats") &
+               node_pid=$! ;;
+    esac
+    sleep 5
+    local before after
+    before="$(ticks)"
+    sleep "$measure"
+    after="$(ticks)"
+    if [ "$1" = map ]; then
+        echo "  map: $(stat -c %s "/tmp/perf-$node_pid.map" 2>/dev/null || echo 0) bytes, reads $(metric profilerd_perf_map_reads_total), symbols $(metric profilerd_perf_map_symbols)" >&2
+    fi
+    kill "$daemon" "$node_pid" 2>/dev/null || true
+    wait "$daemon" 2>/dev/null || true
+    wait "$node_pid" 2>/dev/null || true
+    rm -f "/tmp/perf-$node_pid.map"
+    awk -v t=$((after - before)) -v hz="$hz" -v s="$measure" 'BEGIN { printf "%.2f\n", t / hz / s * 100 }'
+}
+
+printf '%-40s %s\n' "configuration" "daemon + workers, % of a core (median of $runs)"
+for mode in idle nomap map; do
+    results=()
+    for _ in $(seq "$runs"); do
+        results+=("$(run "$mode")")
+    done
+    case "$mode" in
+        idle) name="no node (baseline)" ;;
+        nomap) name="node, no perf map ([jit])" ;;
+        map) name="node --perf-basic-prof (named)" ;;
+    esac
+    printf '%-40s %s   (runs: %s)\n' "$name" "$(med "${results[@]}")" "${results[*]}"
+done
