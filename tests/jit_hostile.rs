@@ -253,8 +253,8 @@ fn hostile_perf_maps_harm_nothing_and_show_only_what_the_user_could_read() {
         lines_naming_jit_code(own_pid, rewritten),
     )
     .expect("rewriting the user's map");
-    // Looked at again once a second at most.
-    std::thread::sleep(Duration::from_secs(2));
+    // Looked at again every 5 s while all its JIT code is named.
+    std::thread::sleep(Duration::from_secs(6));
     let file = artifacts_dir().join("jit-hostile-rewritten.pb.gz");
     daemon.fetch_pprof(&format!("/debug/pprof/profile?seconds=3&pid={own_pid}"), &file);
     let functions: Vec<String> = parse_raw(&go_pprof(&["-raw", &file.display().to_string()]))

@@ -59,7 +59,8 @@ pub struct Symbolizer {
     perf_maps: PerfMaps,
     /// Processes with a sampled address in anonymous executable memory in
     /// this batch: their perf maps are looked at.
-    jit_seen: Vec<(u32, u32)>,
+    /// With whether some of it is code its map does not name yet.
+    jit_seen: Vec<(u32, u32, bool)>,
     /// CPython processes found, and code objects read ahead.
     python_news: Option<std::sync::mpsc::Receiver<PythonNews>>,
     /// Samples of a kind this daemon does not know (a mismatched BPF object).
@@ -159,15 +160,19 @@ impl Symbolizer {
                 }
             }
         }
-        self.jit_seen.sort_unstable();
-        self.jit_seen.dedup();
+        // One look per process: unnamed code first in the sort, kept by dedup.
+        self.jit_seen
+            .sort_unstable_by_key(|&(pid, instance, unnamed)| (pid, instance, !unnamed));
+        self.jit_seen
+            .dedup_by_key(|&mut (pid, instance, _)| (pid, instance));
         self.perf_maps.begin_batch();
-        for (pid, instance) in std::mem::take(&mut self.jit_seen) {
+        for (pid, instance, unnamed) in std::mem::take(&mut self.jit_seen) {
             let ns_pid = self
                 .processes
                 .get_or_load(pid, instance, &mut self.resolver)
                 .and_then(|process| process.ns_pid);
-            self.perf_maps.refresh(pid, instance, ns_pid, &mut self.resolver);
+            self.perf_maps
+                .refresh(pid, instance, ns_pid, unnamed, &mut self.resolver);
         }
         self.resolver.resolve_pending();
         self.processes.attach_build_ids(&self.resolver);
@@ -297,12 +302,11 @@ impl Symbolizer {
             }
             let address = return_adjusted(ip, index > 0 || after_kernel);
             match process.mapping_of(address) {
-                // JIT code its map does not name yet: the map is looked at
-                // (what it names needs nothing more).
+                // JIT code: its map is looked at, soon if it does not name
+                // this code yet.
                 Some(mapping) if is_jit_code(mapping) => {
-                    if self.perf_maps.lines(key.tgid, key.instance, address).is_none() {
-                        self.jit_seen.push((key.tgid, key.instance));
-                    }
+                    let unnamed = self.perf_maps.lines(key.tgid, key.instance, address).is_none();
+                    self.jit_seen.push((key.tgid, key.instance, unnamed));
                 }
                 Some(mapping) => {
                     if let Some(file) = &mapping.file {

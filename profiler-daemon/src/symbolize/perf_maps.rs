@@ -27,10 +27,13 @@ use std::{
 use super::{resolver::Resolver, stack::Line};
 use crate::procfs::ProcRoot;
 
-/// A process's map is looked at again at most this often (and only while
-/// it runs JIT code its map does not name): a few times per drain, so a
-/// function compiled since the last look is named in the drain after it.
-const CHECK_EVERY: Duration = Duration::from_millis(250);
+/// A process's map is looked at again at most this often while it runs JIT
+/// code its map does not name: a few times per drain, so a function
+/// compiled since the last look is named in the drain after it.
+const CHECK_UNNAMED_EVERY: Duration = Duration::from_millis(250);
+/// And this often while all its JIT code is named (a map written anew with
+/// other names for the same code).
+const CHECK_NAMED_EVERY: Duration = Duration::from_secs(5);
 /// Chunks (of 4 MiB) read per look: the rest waits for the next.
 const CHUNKS_PER_CHECK: usize = 4;
 /// Read per batch over every process, at most: the rest waits.
@@ -126,11 +129,24 @@ impl PerfMaps {
     }
 
     /// Reads what is new in the perf map of the process (`ns_pid`: its pid
-    /// in its own namespace, the one in the file's name), at most every
-    /// [`CHECK_EVERY`] whether it has one or not.
-    pub fn refresh(&mut self, pid: u32, instance: u32, ns_pid: Option<u32>, resolver: &mut Resolver) {
+    /// in its own namespace, the one in the file's name), whether it has
+    /// one or not: at most every [`CHECK_UNNAMED_EVERY`] when it ran code
+    /// the map does not name (`unnamed`), else every [`CHECK_NAMED_EVERY`].
+    pub fn refresh(
+        &mut self,
+        pid: u32,
+        instance: u32,
+        ns_pid: Option<u32>,
+        unnamed: bool,
+        resolver: &mut Resolver,
+    ) {
         let key = (pid, instance);
-        if self.looked.get(&key).is_some_and(|at| at.elapsed() < CHECK_EVERY)
+        let every = if unnamed {
+            CHECK_UNNAMED_EVERY
+        } else {
+            CHECK_NAMED_EVERY
+        };
+        if self.looked.get(&key).is_some_and(|at| at.elapsed() < every)
             || self.chunks_this_batch >= MAX_CHUNKS_PER_BATCH
         {
             return;
