@@ -21,7 +21,15 @@ if [ ! -x target/release/profilerd ]; then
 fi
 command -v node >/dev/null || { echo "node is missing (apt-get install nodejs)" >&2; exit 1; }
 work="$(mktemp -d)"
-trap 'kill "${daemon:-0}" "${node_pid:-0}" 2>/dev/null || true; rm -rf "$work"' EXIT
+# (kill 0 would be the whole process group: only pids set are killed.)
+cleanup() {
+    local pid
+    for pid in ${daemon:-} ${node_pid:-}; do
+        kill "$pid" 2>/dev/null || true
+    done
+    rm -rf "$work"
+}
+trap cleanup EXIT
 hz="$(getconf CLK_TCK)"
 
 med() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
@@ -41,7 +49,7 @@ run() {
     target/release/profilerd --listen "127.0.0.1:$port" >"$work/daemon.log" 2>&1 &
     daemon=$!
     until curl -sf "http://127.0.0.1:$port/metrics" >/dev/null; do sleep 0.2; done
-    node_pid=0
+    node_pid=
     case "$1" in
         map) (cd "$work" && exec node --perf-basic-prof "$root/tests/workloads/jit/split.js" $((measure + 15)) "$work/stats") &
              node_pid=$! ;;
@@ -56,10 +64,13 @@ run() {
     if [ "$1" = map ]; then
         echo "  map: $(stat -c %s "/tmp/perf-$node_pid.map" 2>/dev/null || echo 0) bytes, reads $(metric profilerd_perf_map_reads_total), symbols $(metric profilerd_perf_map_symbols)" >&2
     fi
-    kill "$daemon" "$node_pid" 2>/dev/null || true
+    kill "$daemon" 2>/dev/null || true
     wait "$daemon" 2>/dev/null || true
-    wait "$node_pid" 2>/dev/null || true
-    rm -f "/tmp/perf-$node_pid.map"
+    if [ -n "$node_pid" ]; then
+        kill "$node_pid" 2>/dev/null || true
+        wait "$node_pid" 2>/dev/null || true
+        rm -f "/tmp/perf-$node_pid.map"
+    fi
     awk -v t=$((after - before)) -v hz="$hz" -v s="$measure" 'BEGIN { printf "%.2f\n", t / hz / s * 100 }'
 }
 
