@@ -5,14 +5,14 @@
 
 use std::{
     path::Path,
-    process::{Child, Command},
+    process::Command,
     time::{Duration, Instant},
 };
 
 use profilerd_tests::{
     Workload,
     allocations::{AllocSites, MIB, Options},
-    attacker::{USER, attacker},
+    attacker::{Killed, USER, attacker},
     daemon::{Daemon, go_pprof, metric, parse_raw},
     serial,
 };
@@ -21,16 +21,6 @@ const SPLIT: &str = env!("WORKLOAD_SPLIT");
 const ROOT_SECRET: &str = env!("WORKLOAD_ROOT_SECRET");
 /// The access group of this test's daemon (created here, never a real one).
 const GROUP: &str = "profilerd-test-access";
-
-/// Kills the user's workload whatever happens.
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// A GET made by curl as the unprivileged user: (status, body).
 fn get_as_user(url: &str) -> (u16, Vec<u8>) {
@@ -209,14 +199,7 @@ fn a_user_sees_only_their_own_processes_root_and_the_group_see_all() {
     // Not a member to start with, whatever an earlier run left.
     let _ = Command::new("gpasswd").args(["-d", USER, GROUP]).output();
 
-    let dir = user.workdir(Path::new("/tmp"), "access");
-    let split = user.own_copy(Path::new(SPLIT), &dir, "user_split");
-    let mut own = Killed(
-        user.command(&split)
-            .arg("60")
-            .spawn()
-            .expect("starting the user's workload"),
-    );
+    let (dir, mut own) = user.run_own_copy(Path::new(SPLIT), "access", "user_split", &["60"]);
     let user_pid = own.0.id();
     let root = Workload::spawn(ROOT_SECRET, &["60"]);
     let daemon = Daemon::start(&["--access-group", GROUP]);
@@ -299,14 +282,7 @@ fn get_over_socket(socket: &Path, path: &str, as_user: bool) -> (u16, String) {
 fn over_the_unix_socket_a_user_sees_only_their_own_processes() {
     let _serial = serial();
     let user = attacker();
-    let dir = user.workdir(Path::new("/tmp"), "access-unix");
-    let split = user.own_copy(Path::new(SPLIT), &dir, "user_split");
-    let mut own = Killed(
-        user.command(&split)
-            .arg("60")
-            .spawn()
-            .expect("starting the user's workload"),
-    );
+    let (dir, mut own) = user.run_own_copy(Path::new(SPLIT), "access-unix", "user_split", &["60"]);
     let user_pid = own.0.id();
     let root = Workload::spawn(ROOT_SECRET, &["60"]);
     let socket = std::env::temp_dir().join(format!("profilerd-access-{}.sock", std::process::id()));
@@ -459,14 +435,7 @@ fn listening_beyond_loopback_needs_a_token_or_insecure() {
 fn a_user_traces_the_allocations_of_their_own_processes_only() {
     let _serial = serial();
     let user = attacker();
-    let dir = user.workdir(Path::new("/tmp"), "access-allocs");
-    let split = user.own_copy(Path::new(SPLIT), &dir, "user_split");
-    let own = Killed(
-        user.command(&split)
-            .arg("60")
-            .spawn()
-            .expect("starting the user's workload"),
-    );
+    let (dir, own) = user.run_own_copy(Path::new(SPLIT), "access-allocs", "user_split", &["60"]);
     let user_pid = own.0.id();
     let mut root = AllocSites::start(Options::all(60.0, MIB, 8 * MIB));
     root.wait_until_run(Duration::from_secs(1));

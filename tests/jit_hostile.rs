@@ -14,13 +14,12 @@
 use std::{
     os::unix::fs::PermissionsExt as _,
     path::{Path, PathBuf},
-    process::Child,
     time::{Duration, Instant},
 };
 
 use profilerd_tests::{
     artifacts_dir,
-    attacker::attacker,
+    attacker::{Killed, attacker},
     daemon::{Daemon, go_pprof, metric, parse_raw},
     serial,
 };
@@ -64,15 +63,6 @@ impl Map {
     /// Whether the profile may show its name.
     fn shown(self) -> bool {
         matches!(self, Map::Own | Map::Absurd)
-    }
-}
-
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
     }
 }
 

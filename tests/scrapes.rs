@@ -6,7 +6,6 @@
 use std::{
     collections::HashMap,
     path::Path,
-    process::Child,
     sync::{Arc, Barrier},
     thread,
     time::{Duration, Instant},
@@ -44,16 +43,6 @@ const STORE_MIB: u64 = 16;
 /// Allocator slack, thread stacks and the connections of a burst: what the
 /// daemon may grow by beyond its two bounds.
 const SLACK_MIB: u64 = 24;
-
-/// Kills a child whatever happens.
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// A counter of /metrics by its full name with labels, e.g.
 /// `profilerd_scrape_answers_total{source="computed"}`.
@@ -253,14 +242,7 @@ fn has_comm(folded: &str, comm: &str) -> bool {
 fn a_user_never_gets_an_answer_computed_for_root() {
     let _serial = serial();
     let user = attacker();
-    let dir = user.workdir(Path::new("/tmp"), "scrapes");
-    let split = user.own_copy(Path::new(SPLIT), &dir, "user_split");
-    let own = Killed(
-        user.command(&split)
-            .arg("60")
-            .spawn()
-            .expect("starting the user's workload"),
-    );
+    let (dir, own) = user.run_own_copy(Path::new(SPLIT), "scrapes", "user_split", &["60"]);
     let root = Workload::spawn(ROOT_SECRET, &["60"]);
     let daemon = Arc::new(Daemon::start(&DAEMON_ARGS));
     wait_sampled(&daemon, root.pid());

@@ -135,6 +135,38 @@ impl Attacker {
     }
 }
 
+/// A child process killed (and reaped) when dropped, whatever happens.
+pub struct Killed(pub std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Attacker {
+    /// Runs the attacker's own copy of `program` (as `name`, in a fresh
+    /// directory `dir_name` under /tmp) with `args`: the directory, and the
+    /// running process.
+    pub fn run_own_copy(
+        &self,
+        program: &Path,
+        dir_name: &str,
+        name: &str,
+        args: &[&str],
+    ) -> (PathBuf, Killed) {
+        let dir = self.workdir(Path::new("/tmp"), dir_name);
+        let copy = self.own_copy(program, &dir, name);
+        let child = self
+            .command(&copy)
+            .args(args)
+            .spawn()
+            .unwrap_or_else(|err| panic!("starting the attacker's {name}: {err}"));
+        (dir, Killed(child))
+    }
+}
+
 /// Root's copies of programs the attacker must run, one directory per test
 /// process, under /tmp (which every user can search, whatever TMPDIR says).
 fn reachable_copy(program: &Path) -> PathBuf {
