@@ -10,10 +10,11 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$here/lib.sh"
 
 # valgrind: its DHAT tool is the oracle of the allocation workload's own
-# counts (tests/allocations.rs); nodejs: the JIT runtime whose perf maps
-# tests/jit.rs and tests/jit_hostile.rs read. The other test packages are in
+# counts (tests/allocations.rs); nodejs and openjdk-17-jdk-headless (java,
+# javac, jcmd): the JIT runtimes whose perf maps tests/jit.rs and
+# tests/jit_hostile.rs read. The other test packages are in
 # scripts/toolchain.env's TEST_PACKAGES.
-ORACLE_TEST_PACKAGES=(valgrind nodejs)
+ORACLE_TEST_PACKAGES=(valgrind nodejs openjdk-17-jdk-headless)
 
 install_test_packages() {
     local had_prometheus=1

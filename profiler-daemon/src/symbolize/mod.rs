@@ -306,7 +306,11 @@ impl Symbolizer {
                 // this code yet.
                 Some(mapping) if is_jit_code(mapping) => {
                     let unnamed = self.perf_maps.lines(key.tgid, key.instance, address).is_none();
-                    self.jit_seen.push((key.tgid, key.instance, unnamed));
+                    // One entry per run of frames alike (most of a stack's).
+                    let seen = (key.tgid, key.instance, unnamed);
+                    if self.jit_seen.last() != Some(&seen) {
+                        self.jit_seen.push(seen);
+                    }
                 }
                 Some(mapping) => {
                     if let Some(file) = &mapping.file {

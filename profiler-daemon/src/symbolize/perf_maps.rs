@@ -31,6 +31,8 @@ use crate::procfs::ProcRoot;
 /// code its map does not name: a few times per drain, so a function
 /// compiled since the last look is named in the drain after it.
 const CHECK_UNNAMED_EVERY: Duration = Duration::from_millis(250);
+/// This often while it has no map the daemon could read.
+const CHECK_WITHOUT_MAP_EVERY: Duration = Duration::from_secs(1);
 /// And this often while all its JIT code is named (a map written anew with
 /// other names for the same code).
 const CHECK_NAMED_EVERY: Duration = Duration::from_secs(5);
@@ -141,10 +143,12 @@ impl PerfMaps {
         resolver: &mut Resolver,
     ) {
         let key = (pid, instance);
-        let every = if unnamed {
-            CHECK_UNNAMED_EVERY
-        } else {
-            CHECK_NAMED_EVERY
+        // A process without a readable map (yet) is looked at once a second:
+        // each look reads its mount table, which its owner may make large.
+        let every = match (unnamed, self.processes.contains_key(&key)) {
+            (true, true) => CHECK_UNNAMED_EVERY,
+            (true, false) => CHECK_WITHOUT_MAP_EVERY,
+            (false, _) => CHECK_NAMED_EVERY,
         };
         if self.looked.get(&key).is_some_and(|at| at.elapsed() < every)
             || self.chunks_this_batch >= MAX_CHUNKS_PER_BATCH

@@ -43,14 +43,12 @@ impl WorkerClient {
     ) -> Result<JitSymbols, PerfMapError> {
         let request = Request {
             file: Some(identity),
-            offsets: Vec::new(),
-            unwind_table: false,
-            allocator: false,
             perf_map: Some(PerfMapRead {
                 from,
                 max_bytes: MAX_CHUNK_BYTES,
                 head_bytes,
             }),
+            ..Request::default()
         };
         let answer = self.supervised(fd, &request, self.config.deadline, |response| {
             if !response.error.is_empty() {
