@@ -18,6 +18,7 @@ const WORKLOADS: &[&str] = &[
     "cpu_shares",
     "unit_pair",
     "offcpu_mix",
+    "duty_cycle",
 ];
 /// The fuzz test's victim is optimised code with the debug info a release
 /// build has (what the symbolizer meets in the wild), as a shared object.

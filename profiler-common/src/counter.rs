@@ -100,10 +100,13 @@ pub enum Counter {
     /// The per-CPU walk scratch was in use (a preempted probe): the sample
     /// was skipped.
     AllocScratchBusy,
+    /// The thread-exits map was full: the CPU an exiting thread used since
+    /// the daemon last read its time is not in its window.
+    ThreadExitsFull,
 }
 
 impl Counter {
-    pub const COUNT: u32 = 50;
+    pub const COUNT: u32 = 51;
 
     pub const ALL: [Counter; Self::COUNT as usize] = [
         Counter::Samples,
@@ -156,6 +159,7 @@ impl Counter {
         Counter::AllocStackLost,
         Counter::AllocThreadsFull,
         Counter::AllocScratchBusy,
+        Counter::ThreadExitsFull,
     ];
 
     /// Stable snake_case name used in logs and metrics.
@@ -211,6 +215,7 @@ impl Counter {
             Counter::AllocStackLost => "alloc_stack_lost",
             Counter::AllocThreadsFull => "alloc_threads_full",
             Counter::AllocScratchBusy => "alloc_scratch_busy",
+            Counter::ThreadExitsFull => "thread_exits_full",
         }
     }
 

@@ -46,6 +46,8 @@ mod pod {
     // SAFETY: as above.
     unsafe impl aya::Pod for super::Wait {}
     // SAFETY: as above.
+    unsafe impl aya::Pod for super::ThreadExit {}
+    // SAFETY: as above.
     unsafe impl aya::Pod for super::AllocThread {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::AllocTraced {}

@@ -11,6 +11,8 @@ pub mod maps {
     pub const PROCESS_EVENTS: &str = "PROCESS_EVENTS";
     pub const SPILLED_SAMPLES: &str = "SPILLED_SAMPLES";
     pub const THREAD_TIMES: &str = "THREAD_TIMES";
+    pub const THREAD_EXITS: &str = "THREAD_EXITS";
+    pub const CPU_FOLLOWED: &str = "CPU_FOLLOWED";
     pub const UNWOUND_STACKS: [&str; 2] = ["UNWOUND_STACKS_0", "UNWOUND_STACKS_1"];
     pub const UNWIND_ROWS: &str = "UNWIND_ROWS";
     pub const UNWIND_CHUNK_PCS: &str = "UNWIND_CHUNK_PCS";
@@ -34,6 +36,10 @@ pub mod maps {
     pub const DEFAULT_KERNEL_STACKS_ENTRIES: u32 = 8192;
     pub const DEFAULT_PROCESSES_ENTRIES: u32 = 32768;
     pub const DEFAULT_THREADS_ENTRIES: u32 = 65536;
+    /// Exits of threads the daemon may owe CPU, between two drains.
+    pub const THREAD_EXITS_ENTRIES: u32 = 8192;
+    /// Processes whose threads' CPU the daemon follows between samples.
+    pub const CPU_FOLLOWED_ENTRIES: u32 = 4096;
     pub const PROCESS_EVENTS_BYTES: u32 = 256 * 1024;
     /// About 250 spilled samples per drain.
     pub const SPILLED_SAMPLES_BYTES: u32 = 512 * 1024;

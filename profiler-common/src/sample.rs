@@ -133,6 +133,24 @@ pub struct Wait {
     pub cgroup_id: u64,
 }
 
+/// A thread's last CPU time, recorded as it exits (value of the THREAD_EXITS
+/// map, keyed by tid) when the daemon may follow its process: the CPU it used
+/// since the daemon last read its time (/proc) belongs to the window it
+/// exited in, though /proc no longer has it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ThreadExit {
+    /// `se.sum_exec_runtime` at exit: all the CPU time of its life, in ns.
+    pub runtime_ns: u64,
+    /// `task_struct.start_time` (CLOCK_MONOTONIC ns; 0: unknown).
+    pub start_ns: u64,
+    /// Its runtime at its last sample (THREAD_TIMES), 0 if none.
+    pub sampled_ns: u64,
+    pub tgid: u32,
+    pub reserved: u32,
+    pub comm: [u8; COMM_LEN],
+}
+
 /// A sample whose stacks could not get an id (another stack held the hash
 /// bucket): rather than lose its stacks, the sampler copies them whole into
 /// the SPILLED_SAMPLES ring buffer, which the daemon empties at every drain.
@@ -194,6 +212,7 @@ const _: () = assert!(core::mem::size_of::<Wait>() == 8 + 5 * 4 + 2 * 2 + COMM_L
 const _: () = assert!(core::mem::offset_of!(Wait, cgroup_id) == 8 + 5 * 4 + 2 * 2 + COMM_LEN);
 const _: () = assert!(core::mem::align_of::<SampleKey>() == 8);
 const _: () = assert!(core::mem::size_of::<ProcessEvent>() == 8 + 4 * 4);
+const _: () = assert!(core::mem::size_of::<ThreadExit>() == 3 * 8 + 2 * 4 + COMM_LEN);
 const _: () =
     assert!(core::mem::size_of::<SpilledSample>() == 5 * 4 + COMM_LEN + 4 + 8 + 8 + 2 * 8 * MAX_STACK_DEPTH);
 const _: () = assert!(core::mem::size_of::<SampleValue>() == 16);

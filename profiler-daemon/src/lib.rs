@@ -42,6 +42,15 @@ pub mod supervise;
 pub mod symbolize;
 pub mod telemetry;
 
+/// CPU time of the calling thread (CLOCK_THREAD_CPUTIME_ID), in ns: what a
+/// piece of work costs, whatever else the machine is doing.
+pub fn thread_cpu_ns() -> u64 {
+    let Ok(now) = nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID) else {
+        return 0;
+    };
+    u64::try_from(now.tv_sec()).unwrap_or(0) * 1_000_000_000 + u64::try_from(now.tv_nsec()).unwrap_or(0)
+}
+
 /// Milliseconds since the Unix epoch (0 if the clock is before it).
 pub fn unix_now_ms() -> u64 {
     std::time::SystemTime::now()

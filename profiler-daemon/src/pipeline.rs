@@ -158,7 +158,8 @@ impl Pipeline {
         telemetry: &mut Telemetry,
     ) -> Result<Self, PipelineError> {
         let started_ms = crate::unix_now_ms();
-        let (mut sampler, drainer, events, unwind_maps) = Sampler::start(&options.sampler)?;
+        let (mut sampler, drainer, events, unwind_maps) =
+            Sampler::start(&options.sampler, &options.proc_root)?;
         let cpus = sampler.cpus();
         let kinds = sampler.kinds();
         let tracer = sampler

@@ -372,6 +372,8 @@ pub fn on_exec(_ctx: RawTracePointContext) -> i32 {
 pub fn on_exit(_ctx: RawTracePointContext) -> i32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
+    // Before the process's instance goes (below).
+    thread_time::thread_exited(pid_tgid as u32, tgid);
     off_cpu::thread_exited(pid_tgid as u32);
     alloc::thread_exited(pid_tgid as u32);
     if pid_tgid as u32 != tgid {

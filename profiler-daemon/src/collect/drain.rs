@@ -18,7 +18,8 @@ use super::{
     CollectError, batch,
     clock::monotonic_now_ns,
     off_cpu::WaitTracker,
-    raw::{BpfCounters, RawBatch, RawSample},
+    raw::{BpfCounters, CpuCredits, RawBatch, RawSample},
+    thread_cpu::{CpuLedger, read::ThreadClock},
 };
 
 /// A perf_event program runs to completion in interrupt context in
@@ -51,6 +52,7 @@ pub struct Drainer {
     unwound: Vec<UnwoundStack>,
     wait_tids: Vec<u32>,
     waits: Option<Waits>,
+    cpu: Option<(CpuLedger, ThreadClock)>,
 }
 
 /// Off-CPU: the waits map, its tracker, and the entries read at a drain.
@@ -85,7 +87,15 @@ impl Drainer {
             unwound: Vec::new(),
             wait_tids: Vec::new(),
             waits: None,
+            cpu: None,
         }
+    }
+
+    /// The sampler measures threads' CPU time: every drain tops it up to what
+    /// the kernel accounted (see `thread_cpu`).
+    /// `attached_ns`: CLOCK_MONOTONIC when the sampler was attached.
+    pub(super) fn track_thread_cpu(&mut self, clock: ThreadClock, attached_ns: u64) {
+        self.cpu = Some((CpuLedger::new(attached_ns), clock));
     }
 
     /// Off-CPU is on: waits still going on are read at every drain.
@@ -146,6 +156,22 @@ impl Drainer {
             &mut batch.kernel_stacks,
         );
         self.drain_spilled(&mut batch, drained);
+        if let Some((ledger, clock)) = &mut self.cpu {
+            let cpu_before = crate::thread_cpu_ns();
+            let mut credits = CpuCredits::default();
+            let tgids = ledger.follow_sampled(&batch, |tgid| clock.threads_of(tgid), &mut credits);
+            let readings = clock.read(ledger, &tgids, &mut batch.read_errors);
+            credits.threads_read = readings
+                .processes
+                .iter()
+                .filter_map(|(_, reading)| reading.as_ref())
+                .map(|reading| reading.threads.len() as u64)
+                .sum();
+            ledger.credit(&mut batch, drained, readings, monotonic_now_ns(), &mut credits);
+            clock.follow(ledger.take_changes(), &mut batch.read_errors);
+            credits.cost_ns = crate::thread_cpu_ns().saturating_sub(cpu_before);
+            batch.cpu_credits = credits;
+        }
         if let Some(waits) = &mut self.waits {
             if let Err(err) = batch::read_all(waits.map.map(), false, &mut self.wait_tids, &mut waits.read) {
                 batch.read_errors += 1;

@@ -32,6 +32,8 @@ pub struct DrainStatus {
     /// Off-CPU waits still going on at a drain whose stacks were gone by
     /// then: counted without their stacks.
     pub wait_stacks_lost: u64,
+    /// What the CPU ledger credited, summed over drains.
+    pub cpu_credits: super::CpuCredits,
     /// Entries found in the counts, user-stack and kernel-stack maps at the last drain.
     pub map_entries: MapEntries,
     pub drain_seconds_total: f64,
@@ -184,6 +186,49 @@ fn encode_drains(out: &mut DescriptorEncoder, status: &DrainStatus, sizes: MapSi
         "off_cpu_wait_stacks_lost",
         "Off-CPU waits still going on at a drain whose stacks were gone: counted without their stacks",
         status.wait_stacks_lost,
+    )?;
+    encode_cpu_credits(out, &status.cpu_credits)
+}
+
+/// The CPU ledger (collect/thread_cpu.rs): CPU threads used where no
+/// sample landed, credited at the drains.
+fn encode_cpu_credits(out: &mut DescriptorEncoder, credits: &super::CpuCredits) -> fmt::Result {
+    let seconds = |ns: u64| ns as f64 / 1e9;
+    labelled_counters(
+        out,
+        "thread_cpu_credited_seconds",
+        "CPU time the drains credited to threads beyond their samples (added), taken off samples that carried what an earlier drain credited (taken_back), added without any stack of the thread (unplaced, under [cpu between samples]), or that samples carried beyond what there was to take back (excess)",
+        "action",
+        &[
+            ("added", seconds(credits.added_ns)),
+            ("taken_back", seconds(credits.taken_back_ns)),
+            ("unplaced", seconds(credits.unplaced_ns)),
+            ("excess", seconds(credits.excess_ns)),
+        ],
+    )?;
+    float_counter(
+        out,
+        "thread_cpu_ledger_seconds",
+        "CPU time the drains spent reading threads' CPU times and crediting them",
+        seconds(credits.cost_ns),
+    )?;
+    counter(
+        out,
+        "thread_cpu_reads",
+        "Threads whose CPU time a drain read from /proc",
+        credits.threads_read,
+    )?;
+    counter(
+        out,
+        "thread_cpu_processes_unfollowed",
+        "Sampled processes whose threads' CPU was not followed between samples: the bound on threads followed was reached",
+        credits.processes_unfollowed,
+    )?;
+    counter(
+        out,
+        "thread_cpu_exits_unrecorded",
+        "Followed threads gone without an exit record: their last CPU is what their samples said",
+        credits.exits_unrecorded,
     )
 }
 

@@ -1,8 +1,10 @@
 //! Stage 1: the BPF sampler and what the daemon reads out of it.
 //!
 //! [`Sampler`] loads and attaches the BPF program; [`Drainer`] empties its maps
-//! into [`RawBatch`]es (with the off-CPU waits still going on, see `off_cpu`); [`ProcessWatcher`] snapshots the memory mappings of
-//! every process the sampler announces, while the process still exists;
+//! into [`RawBatch`]es (with the off-CPU waits still going on, see `off_cpu`,
+//! and the CPU threads used where no sample landed, see `thread_cpu`);
+//! [`ProcessWatcher`] snapshots the memory mappings of every process the
+//! sampler announces, while the process still exists;
 //! [`unwind_tables::TableManager`] loads the CFI tables the sampler's own
 //! user-stack walk reads. [`metrics`] registers what they count.
 
@@ -19,6 +21,7 @@ mod process_snapshot;
 mod raw;
 mod readable;
 mod sampler;
+mod thread_cpu;
 pub mod unwind_tables;
 mod watcher;
 
@@ -29,7 +32,7 @@ pub use mapped_file::{
 pub use metrics::{DrainStatus, MapEntries};
 pub use proc_maps::{MapsLine, fuse_on_path, parse_maps_line};
 pub use process_snapshot::{MAX_FILES_PER_PROCESS, ProcessSnapshot, SnapshotMapping, SnapshotReader};
-pub use raw::{BpfCounters, RawBatch, RawSample};
+pub use raw::{BpfCounters, CpuCredits, RawBatch, RawSample, UNSAMPLED_CPU, UNSAMPLED_CPU_STACK_ID};
 pub use readable::{ReadableBy, readable_by, readable_by_status};
 pub use sampler::{
     DEFAULT_ALLOC_SAMPLE_BYTES, MapSizes, OffCpuOptions, Sampler, SamplerOptions, UnwindMaps, UnwindMode,

@@ -5,6 +5,50 @@ use std::{collections::HashMap, sync::Arc};
 
 use profiler_common::{Counter, SampleKey};
 
+/// The stack id (user and kernel) of CPU a thread used where no sample
+/// landed and no stack of its is known yet (see `thread_cpu`): named
+/// [`UNSAMPLED_CPU`]. Far from the sampler's ids (>= 0) and errnos (small
+/// negatives).
+pub const UNSAMPLED_CPU_STACK_ID: i32 = i32::MIN;
+
+/// What the placeholder frame of CPU without any stack says.
+pub const UNSAMPLED_CPU: &str = "[cpu between samples]";
+
+/// What one drain's ledger did (summed into the drain stage's metrics).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CpuCredits {
+    /// CPU added where the samples carried less than the kernel accounted.
+    pub added_ns: u64,
+    /// CPU taken off samples that carried what an earlier drain credited.
+    pub taken_back_ns: u64,
+    /// CPU added under [`UNSAMPLED_CPU`]: threads without any stack yet.
+    pub unplaced_ns: u64,
+    /// CPU samples carried beyond what there was to take back (should stay 0).
+    pub excess_ns: u64,
+    /// Threads whose time was read from /proc.
+    pub threads_read: u64,
+    /// Processes not followed: the bound on threads was reached.
+    pub processes_unfollowed: u64,
+    /// Threads that disappeared without an exit record (their last CPU is
+    /// what their samples said).
+    pub exits_unrecorded: u64,
+    /// The drain thread's CPU time spent on the ledger (reads included).
+    pub cost_ns: u64,
+}
+
+impl std::ops::AddAssign for CpuCredits {
+    fn add_assign(&mut self, other: Self) {
+        self.added_ns += other.added_ns;
+        self.taken_back_ns += other.taken_back_ns;
+        self.unplaced_ns += other.unplaced_ns;
+        self.excess_ns += other.excess_ns;
+        self.threads_read += other.threads_read;
+        self.processes_unfollowed += other.processes_unfollowed;
+        self.exits_unrecorded += other.exits_unrecorded;
+        self.cost_ns += other.cost_ns;
+    }
+}
+
 /// One (kind, thread, process instance, stacks) entry of a drained buffer;
 /// `key.kind` says what the values measure (see SampleValue).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,4 +99,6 @@ pub struct RawBatch {
     pub spilled: usize,
     /// Off-CPU waits whose stacks were gone (counted, kept without them).
     pub wait_stacks_lost: u64,
+    /// What the CPU ledger did to this batch (`thread_cpu`).
+    pub cpu_credits: CpuCredits,
 }

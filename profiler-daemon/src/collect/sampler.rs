@@ -22,10 +22,14 @@ use profiler_common::{maps, programs};
 pub use handles::UnwindMaps;
 pub use options::{DEFAULT_ALLOC_SAMPLE_BYTES, MapSizes, OffCpuOptions, SamplerOptions, UnwindMode};
 
-use super::{CollectError, Drainer};
+use super::{
+    CollectError, Drainer,
+    thread_cpu::read::{LedgerMaps, ThreadClock},
+};
 use crate::{
     error::Chain,
     kind::{KindSet, Source},
+    procfs::ProcRoot,
 };
 use handles::{convert, program, take_drainer, take_map, take_unwind_maps};
 use setup::Plan;
@@ -47,6 +51,7 @@ impl Sampler {
     /// and the ring buffer of process events.
     pub fn start(
         options: &SamplerOptions,
+        proc_root: &ProcRoot,
     ) -> Result<(Self, Drainer, RingBuf<MapData>, Option<UnwindMaps>), CollectError> {
         limits::raise_limits();
         let offsets = setup::task_offsets();
@@ -64,6 +69,16 @@ impl Sampler {
             }
         };
         let mut drainer = take_drainer(&mut ebpf, plan.tables)?;
+        if offsets.runtime != 0 {
+            let ledger_maps = LedgerMaps {
+                exits: convert(&mut ebpf, maps::THREAD_EXITS)?,
+                followed: convert(&mut ebpf, maps::CPU_FOLLOWED)?,
+                thread_times: convert(&mut ebpf, maps::THREAD_TIMES)?,
+            };
+            if let Some(clock) = ThreadClock::new(proc_root.clone(), ledger_maps) {
+                drainer.track_thread_cpu(clock, globals.attach_ns());
+            }
+        }
         if plan.off_cpu {
             drainer.track_waits(
                 convert(&mut ebpf, maps::OFF_CPU_WAITS)?,

@@ -75,9 +75,13 @@ impl Cutter {
             backends
                 .into_iter()
                 .map(|backend| {
-                    let cpu_before = thread_cpu_ns();
+                    let cpu_before = crate::thread_cpu_ns();
                     let request = encode(backend, &profiles, heap.as_ref(), &common);
-                    (backend, request, thread_cpu_ns().saturating_sub(cpu_before))
+                    (
+                        backend,
+                        request,
+                        crate::thread_cpu_ns().saturating_sub(cpu_before),
+                    )
                 })
                 .collect::<Vec<_>>()
         })
@@ -234,13 +238,4 @@ impl Cutter {
             .iter()
             .any(|(backend, ..)| backend.profile_name(profile_type).is_some())
     }
-}
-
-/// CPU time of the calling thread (CLOCK_THREAD_CPUTIME_ID), in ns: what
-/// encoding a window costs, whatever else the machine is doing.
-fn thread_cpu_ns() -> u64 {
-    let Ok(now) = nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID) else {
-        return 0;
-    };
-    u64::try_from(now.tv_sec()).unwrap_or(0) * 1_000_000_000 + u64::try_from(now.tv_nsec()).unwrap_or(0)
 }

@@ -26,7 +26,10 @@ pub use stack::{FrameKind, Function, Line, Location, Mapping, SymbolizedSample, 
 
 use crate::{
     cgroup::{CgroupResolver, CgroupStats},
-    collect::{OpenFiles, ProcessNotice, ProcessSnapshot, RawBatch, ReadableBy, SnapshotReader},
+    collect::{
+        OpenFiles, ProcessNotice, ProcessSnapshot, RawBatch, ReadableBy, SnapshotReader, UNSAMPLED_CPU,
+        UNSAMPLED_CPU_STACK_ID,
+    },
     procfs::ProcRoot,
     python::{names::PythonNameStats, prefetch::PythonNews},
     shares::Owner,
@@ -236,6 +239,9 @@ impl Symbolizer {
                     ends_in_switch,
                 ))
                 .or_insert_with(|| {
+                    if key.user_stack_id == UNSAMPLED_CPU_STACK_ID {
+                        return Arc::new(SymbolizedStack::placeholder(UNSAMPLED_CPU));
+                    }
                     let namers = Namers {
                         resolver: &self.resolver,
                         perf_maps: &self.perf_maps,

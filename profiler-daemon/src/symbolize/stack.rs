@@ -72,6 +72,20 @@ pub struct SymbolizedStack {
 }
 
 impl SymbolizedStack {
+    /// A stack of one frame that names what has no stack (e.g. CPU a thread
+    /// used where no sample landed, before any of its samples).
+    pub fn placeholder(name: &str) -> Self {
+        Self {
+            locations: Box::new([Location {
+                kind: FrameKind::User,
+                address: 0,
+                mapping: None,
+                lines: Line::named(name.into()),
+                resolved: true,
+            }]),
+        }
+    }
+
     /// A stack of one user frame, the function `name` (for tests of what
     /// reads stacks).
     #[cfg(test)]

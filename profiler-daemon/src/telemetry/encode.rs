@@ -4,7 +4,7 @@
 use std::fmt;
 
 use prometheus_client::{
-    encoding::{DescriptorEncoder, EncodeMetric},
+    encoding::{DescriptorEncoder, EncodeCounterValue, EncodeMetric},
     metrics::{MetricType, counter::ConstCounter, gauge::ConstGauge},
 };
 
@@ -44,13 +44,13 @@ pub fn labelled_gauges(
     Ok(())
 }
 
-/// A counter family with one label, a series per value.
-pub fn labelled_counters(
+/// A counter family with one label, a series per value (u64 or f64).
+pub fn labelled_counters<N: EncodeCounterValue + Copy>(
     encoder: &mut DescriptorEncoder,
     name: &str,
     help: &str,
     label: &str,
-    values: &[(&str, u64)],
+    values: &[(&str, N)],
 ) -> fmt::Result {
     let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
     for (value_label, value) in values {

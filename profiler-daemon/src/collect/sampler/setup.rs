@@ -55,6 +55,12 @@ pub(super) struct Globals {
 }
 
 impl Globals {
+    /// CLOCK_MONOTONIC as the sampler is loaded: a thread started since has
+    /// all its CPU time in its first sample.
+    pub fn attach_ns(&self) -> u64 {
+        self.attach_ns
+    }
+
     pub fn new(options: &SamplerOptions, plan: &Plan, offsets: &btf::TaskOffsets) -> Self {
         Self {
             runtime_offset: u64::from(offsets.runtime),
