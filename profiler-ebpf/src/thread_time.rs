@@ -96,15 +96,13 @@ fn runtime_of(task: *const u8, offset: u64) -> Option<u64> {
 /// A thread exits: its CPU time since the daemon last read it from /proc
 /// would be lost with its /proc entry, so it is recorded for the threads
 /// of processes the daemon follows (CPU_FOLLOWED), or will from its next
-/// drain (sampled: PROCESSES). Its sample baseline goes: a later thread may
-/// get its tid.
+/// drain (sampled: PROCESSES). Its sample baseline stays: a sample in the
+/// rest of its exit would otherwise start a new one from nothing (the
+/// daemon takes back what samples after its exit carry).
 #[inline(always)]
 pub(crate) fn thread_exited(tid: u32, tgid: u32) {
-    // SAFETY: the value is only read (copied out before the removal).
+    // SAFETY: the value is only read.
     let sampled_ns = unsafe { THREAD_TIMES.get(&tid) }.copied();
-    if sampled_ns.is_some() {
-        let _ = THREAD_TIMES.remove(&tid);
-    }
     // SAFETY: the values are only looked up.
     let followed = unsafe { CPU_FOLLOWED.get(&tgid).is_some() || PROCESSES.get(&tgid).is_some() };
     if !followed {

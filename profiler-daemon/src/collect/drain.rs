@@ -160,6 +160,9 @@ impl Drainer {
             let cpu_before = crate::thread_cpu_ns();
             let mut credits = CpuCredits::default();
             let tgids = ledger.follow_sampled(&batch, |tgid| clock.threads_of(tgid), &mut credits);
+            // Before the reads: a thread that starts during them is new
+            // to the next drain.
+            let read_ns = monotonic_now_ns();
             let readings = clock.read(ledger, &tgids, &mut batch.read_errors);
             credits.threads_read = readings
                 .processes
@@ -167,7 +170,7 @@ impl Drainer {
                 .filter_map(|(_, reading)| reading.as_ref())
                 .map(|reading| reading.threads.len() as u64)
                 .sum();
-            ledger.credit(&mut batch, drained, readings, monotonic_now_ns(), &mut credits);
+            ledger.credit(&mut batch, drained, readings, read_ns, &mut credits);
             clock.follow(ledger.take_changes(), &mut batch.read_errors);
             credits.cost_ns = crate::thread_cpu_ns().saturating_sub(cpu_before);
             batch.cpu_credits = credits;

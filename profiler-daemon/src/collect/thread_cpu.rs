@@ -103,6 +103,17 @@ pub struct CpuLedger {
     /// Processes followed, and no longer, since the sampler was last told.
     started: Vec<u32>,
     stopped: Vec<u32>,
+    /// (tid, credited ns) of the threads of processes evicted since.
+    evicted: Vec<(u32, u64)>,
+}
+
+/// What the sampler is told after a drain (see [`CpuLedger::take_changes`]).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Changes {
+    pub started: Vec<u32>,
+    pub stopped: Vec<u32>,
+    /// (tid, CPU time it was credited up to): its sampling baseline.
+    pub credited: Vec<(u32, u64)>,
 }
 
 #[derive(Debug)]
@@ -118,6 +129,8 @@ struct Followed {
     gone: bool,
     /// CLOCK_MONOTONIC of the last drain at which a thread's time moved.
     busy_at_ns: u64,
+    /// Its threads when it was first followed.
+    admitted: usize,
     threads: HashMap<u32, Thread>,
 }
 
@@ -175,40 +188,53 @@ impl CpuLedger {
         mut threads_of: impl FnMut(u32) -> usize,
         credits: &mut CpuCredits,
     ) -> Vec<u32> {
-        let mut refused = HashSet::new();
+        let mut met = HashSet::new();
         let mut followed_threads: usize = self.processes.values().map(Followed::weight).sum();
+        // Every sampled process followed wakes first: none of them may give
+        // way to a new one below.
+        let mut new: Vec<&SampleKey> = Vec::new();
         for sample in batch
             .samples
             .iter()
             .filter(|sample| sample.key.kind == sample_kind::CPU)
         {
             let key = &sample.key;
-            if let Some(followed) = self.processes.get_mut(&key.tgid) {
-                followed.resting = false;
-                if followed.instance != key.instance && key.instance != 0 {
-                    // It executed another program: the stacks kept are
-                    // of code no longer there.
-                    followed.instance = key.instance;
-                    followed
-                        .threads
-                        .values_mut()
-                        .for_each(|thread| thread.stacks.clear());
+            let Some(followed) = self.processes.get_mut(&key.tgid) else {
+                if met.insert(key.tgid) {
+                    new.push(key);
                 }
-                followed.cgroup_id = key.cgroup_id;
                 continue;
+            };
+            followed.resting = false;
+            if followed.instance != key.instance && key.instance != 0 {
+                // It executed another program: the stacks kept are of code
+                // no longer there.
+                followed.instance = key.instance;
+                followed
+                    .threads
+                    .values_mut()
+                    .for_each(|thread| thread.stacks.clear());
             }
-            if refused.contains(&key.tgid) {
-                continue;
-            }
+            followed.cgroup_id = key.cgroup_id;
+        }
+        for key in new {
             let threads = threads_of(key.tgid);
-            if threads != 0 && followed_threads + threads > MAX_FOLLOWED_THREADS {
-                let freed = evict_resting(&mut self.processes, &mut self.stopped, threads);
-                followed_threads = followed_threads.saturating_sub(freed);
-            }
-            if threads == 0 || followed_threads + threads > MAX_FOLLOWED_THREADS {
-                refused.insert(key.tgid);
-                credits.processes_unfollowed += u64::from(threads != 0);
+            if threads == 0 {
                 continue;
+            }
+            if followed_threads + threads > MAX_FOLLOWED_THREADS {
+                let resting: usize = self
+                    .processes
+                    .values()
+                    .filter(|process| process.resting)
+                    .map(Followed::weight)
+                    .sum();
+                // Evicting helps only if it makes room enough.
+                if followed_threads - resting + threads > MAX_FOLLOWED_THREADS {
+                    credits.processes_unfollowed += 1;
+                    continue;
+                }
+                followed_threads -= self.evict_resting(followed_threads + threads - MAX_FOLLOWED_THREADS);
             }
             followed_threads += threads;
             self.started.push(key.tgid);
@@ -221,6 +247,7 @@ impl CpuLedger {
                     resting: false,
                     gone: false,
                     busy_at_ns: 0,
+                    admitted: threads,
                     threads: HashMap::new(),
                 },
             );
@@ -297,13 +324,47 @@ impl CpuLedger {
         self.previous_ns = now_ns;
     }
 
-    /// The processes followed, and no longer, since the last call: the
-    /// sampler records the exits of the threads of those followed.
-    pub fn take_changes(&mut self) -> (Vec<u32>, Vec<u32>) {
-        (
-            std::mem::take(&mut self.started),
-            std::mem::take(&mut self.stopped),
-        )
+    /// The processes followed, and no longer, since the last call (the
+    /// sampler records the exits of the threads of those followed), and the
+    /// CPU time evicted threads were credited up to.
+    pub fn take_changes(&mut self) -> Changes {
+        Changes {
+            started: std::mem::take(&mut self.started),
+            stopped: std::mem::take(&mut self.stopped),
+            credited: std::mem::take(&mut self.evicted),
+        }
+    }
+
+    /// Frees at least `threads` by forgetting resting processes, the
+    /// longest resting first; how many it freed. What their threads were
+    /// credited goes to the sampler as their baselines, so should one run
+    /// again its next sample carries only what is new.
+    fn evict_resting(&mut self, threads: usize) -> usize {
+        let mut resting: Vec<(u64, u32)> = self
+            .processes
+            .iter()
+            .filter(|(_, process)| process.resting)
+            .map(|(&tgid, process)| (process.busy_at_ns, tgid))
+            .collect();
+        resting.sort_unstable();
+        let mut freed = 0;
+        for (_, tgid) in resting {
+            if freed >= threads {
+                break;
+            }
+            if let Some(process) = self.processes.remove(&tgid) {
+                freed += process.weight();
+                self.stopped.push(tgid);
+                self.evicted.extend(
+                    process
+                        .threads
+                        .iter()
+                        .filter(|(_, thread)| !thread.exited)
+                        .map(|(&tid, thread)| (tid, thread.credited_ns)),
+                );
+            }
+        }
+        freed
     }
 
     /// Groups the batch's CPU samples by thread.
@@ -324,33 +385,15 @@ impl CpuLedger {
     }
 }
 
-/// Makes room for `threads` more by forgetting resting processes, the
-/// longest resting first (should one run again, what its threads' samples
-/// carry may then repeat what was credited before); how many it freed.
-fn evict_resting(processes: &mut HashMap<u32, Followed>, stopped: &mut Vec<u32>, threads: usize) -> usize {
-    let mut resting: Vec<(u64, u32)> = processes
-        .iter()
-        .filter(|(_, process)| process.resting)
-        .map(|(&tgid, process)| (process.busy_at_ns, tgid))
-        .collect();
-    resting.sort_unstable();
-    let mut freed = 0;
-    for (_, tgid) in resting {
-        if freed >= threads {
-            break;
-        }
-        if let Some(process) = processes.remove(&tgid) {
-            freed += process.weight();
-            stopped.push(tgid);
-        }
-    }
-    freed
-}
-
 impl Followed {
-    /// What it counts against [`MAX_FOLLOWED_THREADS`].
+    /// What it counts against [`MAX_FOLLOWED_THREADS`]: its threads, or
+    /// before it was first read, those it had when followed.
     fn weight(&self) -> usize {
-        self.threads.len().max(1)
+        if self.listed {
+            self.threads.len().max(1)
+        } else {
+            self.admitted.max(self.threads.len()).max(1)
+        }
     }
 }
 

@@ -17,7 +17,7 @@ use aya::maps::{HashMap, IterableMap as _, MapData, MapError};
 use nix::time::{ClockId, clock_gettime};
 use profiler_common::{COMM_LEN, ThreadExit, maps};
 
-use super::{CpuLedger, NewThread, ProcessReading, Readings, ThreadReading};
+use super::{Changes, CpuLedger, NewThread, ProcessReading, Readings, ThreadReading};
 use crate::{collect::batch, procfs::ProcRoot};
 
 /// The sampler's maps the ledger reads and keeps.
@@ -103,8 +103,9 @@ impl ThreadClock {
         let now_ticks = boot_ns() / self.tick_ns;
         let mut readings = Readings::default();
         for &tgid in tgids {
-            let reading = self.read_process(ledger, tgid);
-            readings.processes.push((tgid, reading));
+            if let Some(reading) = self.read_process(ledger, tgid) {
+                readings.processes.push((tgid, reading));
+            }
         }
         self.previous_ticks = now_ticks;
         if let Err(err) = batch::read_all(
@@ -125,15 +126,11 @@ impl ThreadClock {
         readings
     }
 
-    /// Tells the sampler which processes are followed now.
-    pub fn follow(&mut self, (started, stopped): (Vec<u32>, Vec<u32>), errors: &mut u64) {
-        for tgid in started {
-            if let Err(err) = self.maps.followed.insert(&tgid, &1, 0) {
-                *errors += 1;
-                tracing::debug!("following {tgid}: {err}");
-            }
-        }
-        for tgid in stopped {
+    /// Tells the sampler which processes are followed now (those no longer
+    /// first: a process evicted and followed again in one drain stays), and
+    /// the baselines of evicted threads.
+    pub fn follow(&mut self, changes: Changes, errors: &mut u64) {
+        for tgid in changes.stopped {
             self.schedstats.remove(&tgid);
             match self.maps.followed.remove(&tgid) {
                 Ok(()) | Err(MapError::KeyNotFound) => {}
@@ -143,13 +140,37 @@ impl ThreadClock {
                 }
             }
         }
+        for tgid in changes.started {
+            if let Err(err) = self.maps.followed.insert(&tgid, &1, 0) {
+                *errors += 1;
+                tracing::debug!("following {tgid}: {err}");
+            }
+        }
+        for (tid, credited_ns) in changes.credited {
+            // Only ever raised: a sample between the read and the write
+            // raised it already (the sampler's value only grows).
+            let behind = self
+                .maps
+                .thread_times
+                .get(&tid, 0)
+                .is_ok_and(|sampled_ns| sampled_ns < credited_ns);
+            if behind && self.maps.thread_times.insert(&tid, &credited_ns, 0).is_err() {
+                *errors += 1;
+            }
+        }
     }
 
-    fn read_process(&mut self, ledger: &CpuLedger, tgid: u32) -> Option<ProcessReading> {
+    /// None: not read this time; Some(None): gone.
+    fn read_process(&mut self, ledger: &CpuLedger, tgid: u32) -> Option<Option<ProcessReading>> {
         let tasks = self.proc.file(tgid, "task");
-        let Ok(entries) = std::fs::read_dir(&tasks) else {
-            self.schedstats.remove(&tgid);
-            return None;
+        let entries = match std::fs::read_dir(&tasks) {
+            Ok(entries) => entries,
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+                self.schedstats.remove(&tgid);
+                return Some(None);
+            }
+            // Out of descriptors, say: not read this time (as if resting).
+            Err(_) => return None,
         };
         let mut held = self.schedstats.remove(&tgid).unwrap_or_default();
         let mut still = std::collections::HashMap::with_capacity(held.len());
@@ -183,7 +204,7 @@ impl ThreadClock {
         }
         // Threads no longer listed: their descriptors close here.
         self.schedstats.insert(tgid, still);
-        Some(ProcessReading { threads })
+        Some(Some(ProcessReading { threads }))
     }
 
     /// The first number of a held /proc file, read afresh.

@@ -258,7 +258,8 @@ fn a_process_gone_is_credited_its_exits_then_takes_back_what_the_other_buffer_he
     assert_eq!(cpu_of(&third, 11), 0);
     let mut credits = CpuCredits::default();
     assert!(ledger.follow_sampled(&batch(&[]), |_| 1, &mut credits).is_empty());
-    assert_eq!(ledger.take_changes(), (vec![TGID], vec![TGID]));
+    let changes = ledger.take_changes();
+    assert_eq!((changes.started, changes.stopped), (vec![TGID], vec![TGID]));
 }
 
 #[test]
@@ -334,5 +335,31 @@ fn processes_beyond_the_bound_on_threads_are_not_followed_and_counted() {
             .follow_sampled(&big, |_| MAX_FOLLOWED_THREADS + 1, &mut credits)
             .is_empty()
     );
+    assert_eq!(credits.processes_unfollowed, 1);
+}
+
+#[test]
+fn a_resting_process_gives_way_to_a_new_one_and_leaves_its_credit_as_the_baseline() {
+    let mut ledger = CpuLedger::new(0);
+    let mut first = batch(&[(11, 1, 1, 10 * MS)]);
+    drain(&mut ledger, &mut first, reading(&[(11, 30 * MS)]), SECOND);
+    let mut credits = CpuCredits::default();
+    let mut idle = batch(&[]);
+    ledger.follow_sampled(&idle, |_| 1, &mut credits);
+    ledger.credit(&mut idle, 1, reading(&[(11, 30 * MS)]), 62 * SECOND, &mut credits);
+    ledger.take_changes();
+    // A process of as many threads as may be followed: the resting one goes.
+    let mut big = batch(&[(21, 1, 1, MS)]);
+    big.samples[0].key.tgid = 20;
+    let tgids = ledger.follow_sampled(&big, |_| MAX_FOLLOWED_THREADS, &mut credits);
+    assert_eq!(tgids, vec![20]);
+    let changes = ledger.take_changes();
+    assert_eq!(changes.started, vec![20]);
+    assert_eq!(changes.stopped, vec![TGID]);
+    assert_eq!(changes.credited, vec![(11, 30 * MS)]);
+    // One more is refused, without evicting anything.
+    let mut another = batch(&[(31, 1, 1, MS)]);
+    another.samples[0].key.tgid = 30;
+    assert_eq!(ledger.follow_sampled(&another, |_| 1, &mut credits), vec![20]);
     assert_eq!(credits.processes_unfollowed, 1);
 }
