@@ -32,16 +32,8 @@ cleanup() {
 trap cleanup EXIT
 hz="$(getconf CLK_TCK)"
 
-med() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
-# CPU ticks (user + system) of the daemon and its worker processes.
-ticks() {
-    local total=0 pid
-    for pid in "$daemon" $(pgrep -P "$daemon" || true); do
-        total=$((total + $(awk '{sub(/.*\) /, ""); print $12 + $13}' "/proc/$pid/stat" 2>/dev/null || echo 0)))
-    done
-    echo "$total"
-}
-metric() { curl -s "http://127.0.0.1:$port/metrics" | awk -v m="$1" '$1 == m {print $2}'; }
+# shellcheck source=bench/daemon_cpu.sh
+source "$root/bench/daemon_cpu.sh"
 
 # run MODE: prints the daemon's CPU % of a core over the measurement.
 run() {

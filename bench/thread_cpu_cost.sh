@@ -35,15 +35,8 @@ cc -O2 -pthread -o "$work/rhythm_threads" bench/rhythm_threads.c
 hz="$(getconf CLK_TCK)"
 sysctl -qw kernel.bpf_stats_enabled=1
 
-med() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
-ticks() {
-    local total=0 pid
-    for pid in "$daemon" $(pgrep -P "$daemon" || true); do
-        total=$((total + $(awk '{sub(/.*\) /, ""); print $12 + $13}' "/proc/$pid/stat" 2>/dev/null || echo 0)))
-    done
-    echo "$total"
-}
-metric() { curl -s "http://127.0.0.1:$port/metrics" | awk -v m="$1" '$1 == m {print $2}'; }
+# shellcheck source=bench/daemon_cpu.sh
+source "$root/bench/daemon_cpu.sh"
 # run_time_ns and run_cnt of the daemon's exit tracepoint program.
 exit_stats() {
     bpftool prog show --json 2>/dev/null | python3 -c '
