@@ -12,13 +12,11 @@
 set -euo pipefail
 export LC_ALL=C
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=bench/daemon_cpu.sh
+source "$root/bench/daemon_cpu.sh"
+need_daemon
 runs="${1:-3}"
 measure="${MEASURE_SECONDS:-20}"
-cd "$root"
-if [ ! -x target/release/profilerd ]; then
-    echo "target/release/profilerd is missing: build it first (cargo build --release -p profiler-daemon)" >&2
-    exit 1
-fi
 command -v node >/dev/null || { echo "node is missing (apt-get install nodejs)" >&2; exit 1; }
 work="$(mktemp -d)"
 # (kill 0 would be the whole process group: only pids set are killed.)
@@ -32,8 +30,6 @@ cleanup() {
 trap cleanup EXIT
 hz="$(getconf CLK_TCK)"
 
-# shellcheck source=bench/daemon_cpu.sh
-source "$root/bench/daemon_cpu.sh"
 
 # run MODE: prints the daemon's CPU % of a core over the measurement.
 run() {

@@ -15,13 +15,11 @@
 set -euo pipefail
 export LC_ALL=C
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=bench/daemon_cpu.sh
+source "$root/bench/daemon_cpu.sh"
+need_daemon
 runs="${1:-3}"
 measure="${MEASURE_SECONDS:-20}"
-cd "$root"
-if [ ! -x target/release/profilerd ]; then
-    echo "target/release/profilerd is missing: build it first (cargo build --release -p profiler-daemon)" >&2
-    exit 1
-fi
 work="$(mktemp -d)"
 cleanup() {
     local pid
@@ -35,8 +33,6 @@ cc -O2 -pthread -o "$work/rhythm_threads" bench/rhythm_threads.c
 hz="$(getconf CLK_TCK)"
 sysctl -qw kernel.bpf_stats_enabled=1
 
-# shellcheck source=bench/daemon_cpu.sh
-source "$root/bench/daemon_cpu.sh"
 # run_time_ns and run_cnt of the daemon's exit tracepoint program.
 exit_stats() {
     bpftool prog show --json 2>/dev/null | python3 -c '
