@@ -1,6 +1,20 @@
 # Sourced by the bench scripts that measure the daemon's own CPU
-# (jit_cost.sh, thread_cpu_cost.sh). They set $root (the repository),
-# $daemon (its pid) and $port.
+# (jit_cost.sh, thread_cpu_cost.sh). They set $root (the repository) before,
+# and $daemon (its pid), $port and $load (the workload's pid, if any) as
+# they run. Sourcing it makes $work, a scratch directory removed on exit
+# with the daemon and the load stopped (only the pids set: kill 0 would be
+# the whole process group), and $hz, clock ticks a second.
+
+work="$(mktemp -d)"
+cleanup() {
+    local pid
+    for pid in ${daemon:-} ${load:-}; do
+        kill "$pid" 2>/dev/null || true
+    done
+    rm -rf "$work"
+}
+trap cleanup EXIT
+hz="$(getconf CLK_TCK)"
 
 # Into the repository; the built daemon there, or a clear error.
 need_daemon() {

@@ -18,17 +18,6 @@ need_daemon
 runs="${1:-3}"
 measure="${MEASURE_SECONDS:-20}"
 command -v node >/dev/null || { echo "node is missing (apt-get install nodejs)" >&2; exit 1; }
-work="$(mktemp -d)"
-# (kill 0 would be the whole process group: only pids set are killed.)
-cleanup() {
-    local pid
-    for pid in ${daemon:-} ${node_pid:-}; do
-        kill "$pid" 2>/dev/null || true
-    done
-    rm -rf "$work"
-}
-trap cleanup EXIT
-hz="$(getconf CLK_TCK)"
 
 
 # run MODE: prints the daemon's CPU % of a core over the measurement.
@@ -37,12 +26,12 @@ run() {
     target/release/profilerd --listen "127.0.0.1:$port" >"$work/daemon.log" 2>&1 &
     daemon=$!
     until curl -sf "http://127.0.0.1:$port/metrics" >/dev/null; do sleep 0.2; done
-    node_pid=
+    load=
     case "$1" in
         map) (cd "$work" && exec node --perf-basic-prof "$root/tests/workloads/jit/split.js" $((measure + 15)) "$work/stats") &
-             node_pid=$! ;;
+             load=$! ;;
         nomap) (cd "$work" && exec node "$root/tests/workloads/jit/split.js" $((measure + 15)) "$work/stats") &
-               node_pid=$! ;;
+               load=$! ;;
     esac
     sleep 5
     local before after
@@ -50,14 +39,14 @@ run() {
     sleep "$measure"
     after="$(ticks)"
     if [ "$1" = map ]; then
-        echo "  map: $(stat -c %s "/tmp/perf-$node_pid.map" 2>/dev/null || echo 0) bytes, reads $(metric profilerd_perf_map_reads_total), symbols $(metric profilerd_perf_map_symbols)" >&2
+        echo "  map: $(stat -c %s "/tmp/perf-$load.map" 2>/dev/null || echo 0) bytes, reads $(metric profilerd_perf_map_reads_total), symbols $(metric profilerd_perf_map_symbols)" >&2
     fi
     kill "$daemon" 2>/dev/null || true
     wait "$daemon" 2>/dev/null || true
-    if [ -n "$node_pid" ]; then
-        kill "$node_pid" 2>/dev/null || true
-        wait "$node_pid" 2>/dev/null || true
-        rm -f "/tmp/perf-$node_pid.map"
+    if [ -n "$load" ]; then
+        kill "$load" 2>/dev/null || true
+        wait "$load" 2>/dev/null || true
+        rm -f "/tmp/perf-$load.map"
     fi
     awk -v t=$((after - before)) -v hz="$hz" -v s="$measure" 'BEGIN { printf "%.2f\n", t / hz / s * 100 }'
 }

@@ -20,21 +20,13 @@ source "$root/bench/daemon_cpu.sh"
 need_daemon
 runs="${1:-3}"
 measure="${MEASURE_SECONDS:-20}"
-work="$(mktemp -d)"
-cleanup() {
-    local pid
-    for pid in ${daemon:-} ${load:-}; do
-        kill "$pid" 2>/dev/null || true
-    done
-    rm -rf "$work"
-}
-trap cleanup EXIT
 cc -O2 -pthread -o "$work/rhythm_threads" bench/rhythm_threads.c
-hz="$(getconf CLK_TCK)"
 sysctl -qw kernel.bpf_stats_enabled=1
 
 # run_time_ns and run_cnt of the daemon's exit tracepoint program.
+# (bench/run.sh installs bpftool; without it the column reads 0.)
 exit_stats() {
+    command -v bpftool >/dev/null || { echo 0 0; return; }
     bpftool prog show --json 2>/dev/null | python3 -c '
 import json, sys
 for p in json.load(sys.stdin):

@@ -90,6 +90,8 @@ pub struct NewThread {
 pub struct Readings {
     pub processes: Vec<(u32, Option<ProcessReading>)>,
     pub exits: Vec<(u32, ThreadExit)>,
+    /// Processes whose threads grew past what may be read: no longer followed.
+    pub too_many: Vec<u32>,
 }
 
 #[derive(Debug, Default)]
@@ -289,6 +291,12 @@ impl CpuLedger {
             next_id: &mut next_id,
             credits,
         };
+        for tgid in readings.too_many {
+            if self.processes.remove(&tgid).is_some() {
+                self.stopped.push(tgid);
+                ctx.credits.processes_unfollowed += 1;
+            }
+        }
         let mut read: HashMap<u32, Option<ProcessReading>> = readings.processes.into_iter().collect();
         let tgids: Vec<u32> = self.processes.keys().copied().collect();
         for tgid in tgids {

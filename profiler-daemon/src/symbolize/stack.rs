@@ -90,15 +90,9 @@ impl SymbolizedStack {
     /// reads stacks).
     #[cfg(test)]
     pub fn of_one_function(name: &str) -> std::sync::Arc<Self> {
-        std::sync::Arc::new(Self {
-            locations: Box::new([Location {
-                kind: FrameKind::User,
-                address: 0x1000,
-                mapping: None,
-                lines: Line::named(name.into()),
-                resolved: true,
-            }]),
-        })
+        let mut stack = Self::placeholder(name);
+        stack.locations[0].address = 0x1000;
+        std::sync::Arc::new(stack)
     }
 
     /// Function names root first, inlined frames expanded, as

@@ -17,7 +17,7 @@ use aya::maps::{HashMap, IterableMap as _, MapData, MapError};
 use nix::time::{ClockId, clock_gettime};
 use profiler_common::{COMM_LEN, ThreadExit, maps};
 
-use super::{Changes, CpuLedger, NewThread, ProcessReading, Readings, ThreadReading};
+use super::{Changes, CpuLedger, MAX_FOLLOWED_THREADS, NewThread, ProcessReading, Readings, ThreadReading};
 use crate::{collect::batch, procfs::ProcRoot};
 
 /// The sampler's maps the ledger reads and keeps.
@@ -26,6 +26,16 @@ pub struct LedgerMaps {
     pub followed: HashMap<MapData, u32, u32>,
     /// tid -> runtime at its last sample.
     pub thread_times: HashMap<MapData, u32, u64>,
+}
+
+/// What reading one process's threads gave.
+enum Listing {
+    /// Its threads (None: it is gone).
+    Read(Option<ProcessReading>),
+    /// Not read this time (its task directory could not be opened).
+    NotNow,
+    /// More threads than the budget left.
+    TooMany,
 }
 
 /// Reads what the ledger needs at every drain.
@@ -102,9 +112,16 @@ impl ThreadClock {
     pub fn read(&mut self, ledger: &CpuLedger, tgids: &[u32], read_errors: &mut u64) -> Readings {
         let now_ticks = boot_ns() / self.tick_ns;
         let mut readings = Readings::default();
+        // Only the processes read now hold descriptors (a resting one opens
+        // them again when it wakes): at most the budget below.
+        let reading: std::collections::HashSet<u32> = tgids.iter().copied().collect();
+        self.schedstats.retain(|tgid, _| reading.contains(tgid));
+        let mut budget = MAX_FOLLOWED_THREADS;
         for &tgid in tgids {
-            if let Some(reading) = self.read_process(ledger, tgid) {
-                readings.processes.push((tgid, reading));
+            match self.read_process(ledger, tgid, &mut budget) {
+                Listing::Read(reading) => readings.processes.push((tgid, reading)),
+                Listing::NotNow => {}
+                Listing::TooMany => readings.too_many.push(tgid),
             }
         }
         self.previous_ticks = now_ticks;
@@ -160,29 +177,39 @@ impl ThreadClock {
         }
     }
 
-    /// None: not read this time; Some(None): gone.
-    fn read_process(&mut self, ledger: &CpuLedger, tgid: u32) -> Option<Option<ProcessReading>> {
+    /// One process's threads, within `budget` threads read this drain (a
+    /// process its owner grew past it is no longer followed: its threads
+    /// would cost a descriptor and a read each, every drain).
+    fn read_process(&mut self, ledger: &CpuLedger, tgid: u32, budget: &mut usize) -> Listing {
         let tasks = self.proc.file(tgid, "task");
         let entries = match std::fs::read_dir(&tasks) {
             Ok(entries) => entries,
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
                 self.schedstats.remove(&tgid);
-                return Some(None);
+                return Listing::Read(None);
             }
             // Out of descriptors, say: not read this time (as if resting).
-            Err(_) => return None,
+            Err(_) => return Listing::NotNow,
         };
-        let mut held = self.schedstats.remove(&tgid).unwrap_or_default();
-        let mut still = std::collections::HashMap::with_capacity(held.len());
-        let mut threads = Vec::new();
+        let mut tids = Vec::new();
         for entry in entries.flatten() {
-            let Some(tid) = entry
+            if tids.len() == *budget {
+                self.schedstats.remove(&tgid);
+                return Listing::TooMany;
+            }
+            if let Some(tid) = entry
                 .file_name()
                 .to_str()
                 .and_then(|name| name.parse::<u32>().ok())
-            else {
-                continue;
-            };
+            {
+                tids.push(tid);
+            }
+        }
+        *budget -= tids.len();
+        let mut held = self.schedstats.remove(&tgid).unwrap_or_default();
+        let mut still = std::collections::HashMap::with_capacity(held.len());
+        let mut threads = Vec::new();
+        for tid in tids {
             let task = tasks.join(tid.to_string());
             let file = held
                 .remove(&tid)
@@ -204,7 +231,7 @@ impl ThreadClock {
         }
         // Threads no longer listed: their descriptors close here.
         self.schedstats.insert(tgid, still);
-        Some(Some(ProcessReading { threads }))
+        Listing::Read(Some(ProcessReading { threads }))
     }
 
     /// The first number of a held /proc file, read afresh.

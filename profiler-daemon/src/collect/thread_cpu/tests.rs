@@ -60,6 +60,7 @@ fn reading(threads: &[(u32, u64)]) -> Readings {
             }),
         )],
         exits: Vec::new(),
+        too_many: Vec::new(),
     }
 }
 
@@ -248,6 +249,7 @@ fn a_process_gone_is_credited_its_exits_then_takes_back_what_the_other_buffer_he
     let gone = |exits| Readings {
         processes: vec![(TGID, None)],
         exits,
+        too_many: Vec::new(),
     };
     let mut second = batch(&[]);
     drain(&mut ledger, &mut second, gone(vec![(11, exit)]), 2 * SECOND);
@@ -362,4 +364,23 @@ fn a_resting_process_gives_way_to_a_new_one_and_leaves_its_credit_as_the_baselin
     another.samples[0].key.tgid = 30;
     assert_eq!(ledger.follow_sampled(&another, |_| 1, &mut credits), vec![20]);
     assert_eq!(credits.processes_unfollowed, 1);
+}
+
+#[test]
+fn a_process_grown_past_what_may_be_read_is_no_longer_followed() {
+    let mut ledger = CpuLedger::new(0);
+    let mut first = batch(&[(11, 1, 1, 10 * MS)]);
+    drain(&mut ledger, &mut first, reading(&[(11, 10 * MS)]), SECOND);
+    ledger.take_changes();
+    let mut second = batch(&[]);
+    let mut credits = CpuCredits::default();
+    ledger.follow_sampled(&second, |_| 1, &mut credits);
+    let readings = Readings {
+        too_many: vec![TGID],
+        ..Readings::default()
+    };
+    ledger.credit(&mut second, 1, readings, 2 * SECOND, &mut credits);
+    assert_eq!(credits.processes_unfollowed, 1);
+    assert!(!ledger.knows(TGID, 11));
+    assert_eq!(ledger.take_changes().stopped, vec![TGID]);
 }
