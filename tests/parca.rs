@@ -139,9 +139,24 @@ fn pushed_windows_reach_parca_under_the_expected_labels_with_the_same_shares() {
     let started = now_ms();
     let workload = Workload::spawn(SPLIT, &["10"]);
     workload.wait();
-    std::thread::sleep(Duration::from_secs(5));
-    let ended = now_ms();
+    let workload_ended = now_ms();
     let host = hostname();
+    // Every process of the host is in this series (the daemon itself runs
+    // in every window), so it shows when the windows after the workload's
+    // end have arrived. Under load they arrive late: waiting a fixed time
+    // compared Parca without its last window against /top with it.
+    let host_series = format!("{CPU}{{hostname=\"{host}\",env=\"fleet-test\"}}");
+    wait_until(
+        Duration::from_secs(60),
+        "a pushed window that starts after the workload ended",
+        || {
+            parca
+                .profiles(&host_series, started, now_ms() + 1000)
+                .iter()
+                .any(|(start, ..)| *start >= workload_ended + 1000)
+        },
+    );
+    let ended = now_ms();
     let series = format!("{CPU}{{service_name=\"split\",hostname=\"{host}\",env=\"fleet-test\"}}");
     let windows = parca.profiles(&series, started, ended);
     assert!(
@@ -150,13 +165,17 @@ fn pushed_windows_reach_parca_under_the_expected_labels_with_the_same_shares() {
         parca.log()
     );
     let theirs = parca.top(&series, started, ended);
-    let first = windows.first().map(|(start, ..)| *start).unwrap_or(started);
-    let last = windows
-        .iter()
-        .map(|(start, duration, _)| start + duration + 1000)
-        .max()
-        .unwrap_or(ended);
-    let (ours, _) = own_top(&daemon, "&comm=split", first, last);
+    // /top over exactly the windows Parca holds, each from its exact start.
+    let mut ours = std::collections::HashMap::new();
+    for &(floor_ms, duration_ms, _) in &windows {
+        let start = exact_start(&daemon, floor_ms, duration_ms).unwrap_or_else(|| {
+            panic!("no drain of profilerd's starts a {duration_ms} ms window in the second at {floor_ms}")
+        });
+        let (own, _) = own_top(&daemon, "&comm=split", start, start + duration_ms);
+        for (function, samples) in own {
+            *ours.entry(function).or_insert(0) += samples;
+        }
+    }
     assert_same_shares(&theirs, &ours, "pushed to Parca");
     let names = parca.label_names(started, ended);
     // `__name__` is the profile type Parca was queried by.
