@@ -221,15 +221,16 @@ fn a_stack_deeper_than_the_limit_is_kept_with_the_frames_found() {
         "expected deep_recursion to be sampled, got {} samples",
         stacks.total()
     );
-    // 127 frames kept: the leaf (or a clock read under it) and ~126 descend.
+    // 254 frames kept (MAX_USER_DEPTH: the 127 past the kernel's limit in
+    // the tails map): the leaf (or a clock read under it) and ~253 descend.
     let deep = |stack: &Stack| {
         let descents = stack.frames.iter().filter(|frame| *frame == "descend").count();
-        (120..=127).contains(&descents) && stack.frames.len() <= 127
+        (247..=254).contains(&descents) && stack.frames.len() <= 254
     };
     let share = stacks.share(deep);
     assert!(
         share >= 95.0,
-        "expected >= 95% of deep_recursion's stacks to hold the deepest 127 frames (120+ descend), \
+        "expected >= 95% of deep_recursion's stacks to hold the deepest 254 frames (247+ descend), \
          got {share:.1}%:\n{}",
         stacks.offending(deep, 5)
     );

@@ -103,10 +103,13 @@ pub enum Counter {
     /// The thread-exits map was full: the CPU an exiting thread used since
     /// the daemon last read its time is not in its window.
     ThreadExitsFull,
+    /// A user stack deeper than `MAX_STACK_DEPTH` found no room in the
+    /// unwound-tails map: it keeps its leaf-most `MAX_STACK_DEPTH` frames.
+    UnwoundTailsFull,
 }
 
 impl Counter {
-    pub const COUNT: u32 = 51;
+    pub const COUNT: u32 = 52;
 
     pub const ALL: [Counter; Self::COUNT as usize] = [
         Counter::Samples,
@@ -160,6 +163,7 @@ impl Counter {
         Counter::AllocThreadsFull,
         Counter::AllocScratchBusy,
         Counter::ThreadExitsFull,
+        Counter::UnwoundTailsFull,
     ];
 
     /// Stable snake_case name used in logs and metrics.
@@ -216,6 +220,7 @@ impl Counter {
             Counter::AllocThreadsFull => "alloc_threads_full",
             Counter::AllocScratchBusy => "alloc_scratch_busy",
             Counter::ThreadExitsFull => "thread_exits_full",
+            Counter::UnwoundTailsFull => "unwound_tails_full",
         }
     }
 
@@ -242,6 +247,7 @@ impl Counter {
                 | Counter::UnwindFramePointerFrames
                 | Counter::UnwindTableFrames
                 | Counter::UnwoundStackCollision
+                | Counter::UnwoundTailsFull
                 | Counter::OffCpuSwitches
                 | Counter::OffCpuUnsampled
                 | Counter::OffCpuShort

@@ -13,6 +13,13 @@ pub const COMM_LEN: usize = 16;
 /// Frames kept per stack; the kernel's own limit (PERF_MAX_STACK_DEPTH).
 pub const MAX_STACK_DEPTH: usize = 127;
 
+/// Frames the sampler's own walk keeps for a user stack: twice the kernel's
+/// limit, so that 128 Python frames (one slot each on 3.11+) fit with the
+/// native frames around them. The frames past [`MAX_STACK_DEPTH`] are stored
+/// apart, under the stack's key in the unwound-tails maps; most stacks are
+/// not that deep, so those maps are small.
+pub const MAX_USER_DEPTH: usize = 2 * MAX_STACK_DEPTH;
+
 mod alloc;
 mod counter;
 mod names;

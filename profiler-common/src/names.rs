@@ -14,6 +14,9 @@ pub mod maps {
     pub const THREAD_EXITS: &str = "THREAD_EXITS";
     pub const CPU_FOLLOWED: &str = "CPU_FOLLOWED";
     pub const UNWOUND_STACKS: [&str; 2] = ["UNWOUND_STACKS_0", "UNWOUND_STACKS_1"];
+    /// The frames past `MAX_STACK_DEPTH` of the unwound stacks that have
+    /// them, under the same key (and hash) as the stack.
+    pub const UNWOUND_TAILS: [&str; 2] = ["UNWOUND_TAILS_0", "UNWOUND_TAILS_1"];
     pub const UNWIND_ROWS: &str = "UNWIND_ROWS";
     pub const UNWIND_CHUNK_PCS: &str = "UNWIND_CHUNK_PCS";
     pub const UNWIND_TABLES: &str = "UNWIND_TABLES";
@@ -44,6 +47,9 @@ pub mod maps {
     /// About 250 spilled samples per drain.
     pub const SPILLED_SAMPLES_BYTES: u32 = 512 * 1024;
     pub const DEFAULT_UNWOUND_STACKS_ENTRIES: u32 = 16384;
+    /// Stacks deeper than `MAX_STACK_DEPTH` are rare: one in 16 may be,
+    /// before the deepest are cut to their leaf-most `MAX_STACK_DEPTH`.
+    pub const DEFAULT_UNWOUND_TAILS_ENTRIES: u32 = DEFAULT_UNWOUND_STACKS_ENTRIES / 16;
     /// 64 MiB of rows; the daemon sets it from `unwind_table_memory_mb`.
     pub const DEFAULT_UNWIND_ROW_CHUNKS: u32 = 16384;
     /// Table ids (one per loaded file); id 0 is never used.

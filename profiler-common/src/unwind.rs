@@ -149,10 +149,16 @@ pub enum UnwindEnd {
 /// A user stack the sampler unwound itself, deduplicated by `hash` in the
 /// unwound-stacks maps (keyed by the hash's low bits; a different stack with
 /// the same key goes through the spill ring).
+///
+/// A stack deeper than [`MAX_STACK_DEPTH`] (up to [`crate::MAX_USER_DEPTH`])
+/// holds its leaf-most frames here and the rest in an `UnwoundStack` of the
+/// unwound-tails map under the same key, with the same `hash`, its `len` the
+/// frames in it.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct UnwoundStack {
     pub hash: u64,
+    /// Frames in the whole stack (in a tail: in the tail).
     pub len: u32,
     /// An [`UnwindEnd`] as u32.
     pub end: u32,

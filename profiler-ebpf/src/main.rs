@@ -37,8 +37,8 @@ use aya_log_ebpf::warn;
 use process::process_instance;
 use profiler_common::{
     COMM_LEN, CONTROL_GENERATION, CONTROL_LEN, Counter, MAX_STACK_DEPTH, ProcessEventKind,
-    SPILLED_STACK_ID_BASE, SampleKey, SampleValue, SpilledSample, UnwoundStack, maps::*, sample_kind,
-    unwind_mode,
+    SPILLED_STACK_ID_BASE, SampleKey, SampleValue, SpilledSample, UnwindEnd, UnwoundStack, maps::*,
+    sample_kind, unwind_mode,
 };
 use thread_time::thread_cpu_since_last_sample;
 use unwind::UNWIND_PROCESSES;
@@ -68,6 +68,13 @@ static UNWOUND_STACKS_0: HashMap<u32, UnwoundStack> =
 #[map]
 static UNWOUND_STACKS_1: HashMap<u32, UnwoundStack> =
     HashMap::with_max_entries(DEFAULT_UNWOUND_STACKS_ENTRIES, 0);
+/// The frames past `MAX_STACK_DEPTH` of the unwound stacks deeper than that.
+#[map]
+static UNWOUND_TAILS_0: HashMap<u32, UnwoundStack> =
+    HashMap::with_max_entries(DEFAULT_UNWOUND_TAILS_ENTRIES, 0);
+#[map]
+static UNWOUND_TAILS_1: HashMap<u32, UnwoundStack> =
+    HashMap::with_max_entries(DEFAULT_UNWOUND_TAILS_ENTRIES, 0);
 #[map]
 static CONTROL: Array<u32> = Array::with_max_entries(CONTROL_LEN, 0);
 #[map]
@@ -163,12 +170,14 @@ pub(crate) const BUFFER_0: Buffer = Buffer {
     counts: &COUNTS_0,
     user_stacks: &USER_STACKS_0,
     unwound_stacks: &UNWOUND_STACKS_0,
+    unwound_tails: &UNWOUND_TAILS_0,
     kernel_stacks: &KERNEL_STACKS_0,
 };
 pub(crate) const BUFFER_1: Buffer = Buffer {
     counts: &COUNTS_1,
     user_stacks: &USER_STACKS_1,
     unwound_stacks: &UNWOUND_STACKS_1,
+    unwound_tails: &UNWOUND_TAILS_1,
     kernel_stacks: &KERNEL_STACKS_1,
 };
 
@@ -186,6 +195,7 @@ pub(crate) struct Buffer {
     pub counts: &'static HashMap<SampleKey, SampleValue>,
     pub user_stacks: &'static StackTrace,
     pub unwound_stacks: &'static HashMap<u32, UnwoundStack>,
+    pub unwound_tails: &'static HashMap<u32, UnwoundStack>,
     pub kernel_stacks: &'static StackTrace,
 }
 
@@ -208,7 +218,7 @@ fn record(ctx: &PerfEventContext, mut key: SampleKey, cpu_ns: u64, user: UserSta
             bump(Counter::NoUserStack);
             -EFAULT
         }
-        UserStack::Unwound(Some(walk)) => unwound_stack_id(walk, buffer.unwound_stacks),
+        UserStack::Unwound(Some(walk)) => unwound_stack_id(walk, &buffer),
     };
     key.kernel_stack_id = stack_id(
         ctx,
@@ -256,12 +266,43 @@ pub(crate) fn count<C: EbpfContext>(
     }
 }
 
-/// The id of the walked stack in `stacks`, storing it if new; -EEXIST when
+/// The id of the walked stack in `buffer`'s unwound stacks, storing it (and
+/// its frames past `MAX_STACK_DEPTH` in the tails) if new; -EEXIST when
 /// another stack holds its key (the caller spills the sample).
 #[inline(always)]
-pub(crate) fn unwound_stack_id(walk: *mut Walk, stacks: &HashMap<u32, UnwoundStack>) -> i32 {
-    // SAFETY: `walk` is this CPU's scratch entry, filled by the walk.
-    stored_stack_id(unsafe { &(*walk).stack }, stacks)
+pub(crate) fn unwound_stack_id(walk: *mut Walk, buffer: &Buffer) -> i32 {
+    // SAFETY: `walk` is this CPU's scratch entry, filled by the walk, and
+    // nothing else uses it until this program returns (see unwind.rs).
+    let walk = unsafe { &mut *walk };
+    if walk.stack.len as usize > MAX_STACK_DEPTH && !stored_tail(walk, buffer.unwound_tails) {
+        // No room for the tail: the leaf-most frames, as the kernel keeps
+        // them. The hash still names the whole stack, so the truncated one
+        // never takes the key of a whole one.
+        bump(Counter::UnwoundTailsFull);
+        walk.stack.len = MAX_STACK_DEPTH as u32;
+        walk.stack.end = UnwindEnd::DepthLimit as u32;
+    }
+    stored_stack_id(&walk.stack, buffer.unwound_stacks)
+}
+
+/// Stores the walk's frames past `MAX_STACK_DEPTH` under its stack's key
+/// (or finds them there, stored by another CPU); false if the key holds
+/// another stack's tail or the map is full.
+#[inline(always)]
+fn stored_tail(walk: &mut Walk, tails: &HashMap<u32, UnwoundStack>) -> bool {
+    let id = (walk.stack.hash as u32) & (SPILLED_STACK_ID_BASE - 1);
+    walk.tail.hash = walk.stack.hash;
+    walk.tail.len = walk.stack.len - MAX_STACK_DEPTH as u32;
+    walk.tail.end = walk.stack.end;
+    match tails.insert(&id, &walk.tail, BPF_NOEXIST as u64) {
+        Ok(()) => true,
+        Err(err) if -err == EEXIST => {
+            // SAFETY: the value is only read (another CPU may insert, never change it).
+            let stored = unsafe { tails.get(&id) };
+            stored.is_some_and(|tail| tail.hash == walk.stack.hash)
+        }
+        Err(_) => false,
+    }
 }
 
 /// As [`unwound_stack_id`], for a stack held anywhere (a map value).

@@ -149,7 +149,7 @@ enum UserWalk {
 fn wait_stacks(ctx: &RawTracePointContext, walk: UserWalk, buffer: &Buffer) -> (i32, i32) {
     let user = match walk {
         UserWalk::Walked(Some(walk)) => {
-            let id = unwound_stack_id(walk, buffer.unwound_stacks);
+            let id = unwound_stack_id(walk, buffer);
             if id < 0 {
                 bump(Counter::OffCpuStackLost);
             }

@@ -22,7 +22,7 @@ use aya_ebpf::{
     maps::{HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
 use profiler_common::{
-    Counter, MAX_STACK_DEPTH,
+    Counter,
     maps::DEFAULT_UNWIND_PROCESSES_ENTRIES,
     python::{
         FRAME_OWNED_BY_CSTACK, MAX_THREAD_SCAN, NO_INSTRUCTION, PythonCodeSeen, PythonProcess, SEEN_CODES,
@@ -113,8 +113,7 @@ pub fn frame_step(walk: &mut Walk, python: &PythonProcess) {
         }
         return;
     }
-    let len = walk.stack.len as usize;
-    if len >= MAX_STACK_DEPTH {
+    if walk.full() {
         walk.py_end = END_DEPTH_LIMIT;
         walk.flags = (walk.flags & !PY_BATCH) | PY_DONE;
         return;
@@ -153,9 +152,7 @@ pub fn frame_step(walk: &mut Walk, python: &PythonProcess) {
     let instruction = instruction(&window, python, code);
     let slot = encode_frame(code, instruction, code_key(first_line));
     announce_code(code);
-    walk.stack.frames[len] = slot;
-    walk.stack.len = len as u32 + 1;
-    walk.mix(slot);
+    walk.push(slot);
     walk.py_frames += 1;
     walk.py_frame = previous;
     walk.flags |= PY_EMITTED;

@@ -18,7 +18,8 @@ use aya_ebpf::{
     programs::PerfEventContext,
 };
 use profiler_common::{
-    CfaRule, Counter, MAX_STACK_DEPTH, RbpRule, UnwindEnd, UnwindProcess, maps::*, python::PythonProcess,
+    CfaRule, Counter, MAX_STACK_DEPTH, MAX_USER_DEPTH, RbpRule, UnwindEnd, UnwindProcess, maps::*,
+    python::PythonProcess,
 };
 
 mod rows;
@@ -73,7 +74,8 @@ pub fn walk_user_stack(registers: Option<(u64, u64, u64)>, tgid: u32) -> Option<
 
 /// [`walk_user_stack`] into another scratch (the allocation probes have
 /// their own, as the sampler can interrupt them); without CPython frames
-/// when `python_frames` is false.
+/// when `python_frames` is false, and then no deeper than `MAX_STACK_DEPTH`
+/// (the allocation probes store a stack whole in one map value).
 #[inline(always)]
 pub fn walk_user_stack_in(
     walk: *mut Walk,
@@ -111,6 +113,11 @@ pub fn walk_user_stack_in(
         (*walk).py_frame = 0;
         (*walk).py_frames = 0;
         (*walk).py_end = 0;
+        (*walk).limit = if python_frames {
+            MAX_USER_DEPTH
+        } else {
+            MAX_STACK_DEPTH
+        } as u64;
         if !python.is_null() {
             python::start(&mut *walk, &*python);
         }
@@ -127,8 +134,11 @@ pub fn walk_user_stack_in(
     // context is on this stack and outlives the call.
     unsafe {
         bpf_loop(
-            // Two frames a step; Python batches also take a step to end.
-            MAX_STACK_DEPTH as u32 + 1,
+            // Two native frames a step, one Python frame; a Python batch
+            // takes a step to end and the eval call under it one to be
+            // skipped: on 3.8-3.10, where every Python call is a batch, a
+            // frame can take two steps. The slots bound the walk, not this.
+            2 * MAX_USER_DEPTH as u32 + 2,
             step as *mut c_void,
             (&mut step_context as *mut StepContext).cast(),
             0,
@@ -239,8 +249,7 @@ fn step_frame(
     if ip == 0 {
         return Err(UnwindEnd::Complete);
     }
-    let len = walk.stack.len as usize;
-    if len >= MAX_STACK_DEPTH {
+    if walk.full() {
         return Err(UnwindEnd::DepthLimit);
     }
     if walk.flags & PY_SKIP_PUSH == 0 {
@@ -248,9 +257,7 @@ fn step_frame(
         if !python.is_null() && python::enters(walk, unsafe { &*python }, ip) {
             return Ok(());
         }
-        walk.stack.frames[len] = ip;
-        walk.stack.len = len as u32 + 1;
-        walk.mix(ip);
+        walk.push(ip);
     }
     walk.flags &= !PY_SKIP_PUSH;
 

@@ -1,7 +1,7 @@
 //! One user-stack walk's state, shared by the native unwinder (`unwind`)
 //! and the Python frame walk (`python`), and the hash that names the stack.
 
-use profiler_common::UnwoundStack;
+use profiler_common::{MAX_STACK_DEPTH, UnwoundStack};
 
 /// FNV-1a over the frames: the stack's key in the unwound-stacks map.
 pub const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
@@ -17,6 +17,11 @@ pub fn mix(hash: u64, value: u64) -> u64 {
 #[repr(C)]
 pub struct Walk {
     pub stack: UnwoundStack,
+    /// The frames past `MAX_STACK_DEPTH`, stored apart (see `UnwoundStack`).
+    pub tail: UnwoundStack,
+    /// Frames this walk may keep: `MAX_USER_DEPTH`, or `MAX_STACK_DEPTH`
+    /// for stacks stored whole in one map value (the allocation probes').
+    pub(crate) limit: u64,
     pub(crate) ip: u64,
     pub(crate) sp: u64,
     pub(crate) bp: u64,
@@ -40,5 +45,27 @@ impl Walk {
     #[inline(always)]
     pub fn mix(&mut self, value: u64) {
         self.stack.hash = mix(self.stack.hash, value);
+    }
+
+    /// True when the walk has kept all the frames it may.
+    #[inline(always)]
+    pub fn full(&self) -> bool {
+        u64::from(self.stack.len) >= self.limit
+    }
+
+    /// Records `frame` as the stack's next (callers check [`Walk::full`]
+    /// first; a frame past both arrays is dropped).
+    #[inline(always)]
+    pub fn push(&mut self, frame: u64) {
+        let len = self.stack.len as usize;
+        if len < MAX_STACK_DEPTH {
+            self.stack.frames[len] = frame;
+        } else if len - MAX_STACK_DEPTH < MAX_STACK_DEPTH {
+            self.tail.frames[len - MAX_STACK_DEPTH] = frame;
+        } else {
+            return;
+        }
+        self.stack.len = len as u32 + 1;
+        self.mix(frame);
     }
 }

@@ -28,10 +28,17 @@ use super::{
 const FLIP_GRACE: Duration = Duration::from_millis(10);
 
 /// Where the sampler puts user stacks: the kernel's stack-trace maps
-/// (frame-pointer mode), or its own walk's unwound-stacks maps.
+/// (frame-pointer mode), or its own walk's unwound-stacks maps and the
+/// tails of the stacks deeper than `MAX_STACK_DEPTH`.
 pub enum UserStackMaps {
-    StackTraces([StackTraceMap<MapData>; 2]),
-    Unwound([HashMap<MapData, u32, UnwoundStack>; 2]),
+    StackTraces(Box<[StackTraceMap<MapData>; 2]>),
+    Unwound(Box<UnwoundMaps>),
+}
+
+/// The sampler's own walk's stacks, one map per buffer, and their tails.
+pub struct UnwoundMaps {
+    pub stacks: [HashMap<MapData, u32, UnwoundStack>; 2],
+    pub tails: [HashMap<MapData, u32, UnwoundStack>; 2],
 }
 
 /// Owns the sampler's maps on the daemon side.
@@ -50,6 +57,8 @@ pub struct Drainer {
     count_values: Vec<SampleValue>,
     stack_keys: Vec<u32>,
     unwound: Vec<UnwoundStack>,
+    tail_keys: Vec<u32>,
+    tails: Vec<UnwoundStack>,
     wait_tids: Vec<u32>,
     waits: Option<Waits>,
     cpu: Option<(CpuLedger, ThreadClock)>,
@@ -85,6 +94,8 @@ impl Drainer {
             count_values: Vec::new(),
             stack_keys: Vec::new(),
             unwound: Vec::new(),
+            tail_keys: Vec::new(),
+            tails: Vec::new(),
             wait_tids: Vec::new(),
             waits: None,
             cpu: None,
@@ -144,9 +155,9 @@ impl Drainer {
                 drain_stacks(&mut maps[old], &mut self.stack_ids, &mut batch.user_stacks)
             }
             UserStackMaps::Unwound(maps) => drain_unwound(
-                &maps[old],
-                &mut self.stack_keys,
-                &mut self.unwound,
+                [&maps.stacks[old], &maps.tails[old]],
+                [&mut self.stack_keys, &mut self.tail_keys],
+                [&mut self.unwound, &mut self.tails],
                 &mut batch.user_stacks,
             ),
         };
@@ -277,23 +288,92 @@ fn drain_stacks(
     errors
 }
 
-/// Reads and deletes every stack of an unwound-stacks map; returns the error count.
+/// Reads and deletes every stack of an unwound-stacks map and its tails
+/// map; returns the error count.
 fn drain_unwound(
-    map: &HashMap<MapData, u32, UnwoundStack>,
-    ids: &mut Vec<u32>,
-    stacks: &mut Vec<UnwoundStack>,
+    maps: [&HashMap<MapData, u32, UnwoundStack>; 2],
+    ids: [&mut Vec<u32>; 2],
+    read: [&mut Vec<UnwoundStack>; 2],
     out: &mut StdHashMap<u32, Arc<[u64]>>,
 ) -> u64 {
-    let errors = match batch::read_all(map.map(), true, ids, stacks) {
-        Ok(()) => 0,
-        Err(err) => {
+    let mut errors = 0;
+    let [stack_ids, tail_ids] = ids;
+    let [stacks, tails] = read;
+    for (map, ids, values) in [
+        (maps[0], &mut *stack_ids, &mut *stacks),
+        (maps[1], &mut *tail_ids, &mut *tails),
+    ] {
+        if let Err(err) = batch::read_all(map.map(), true, ids, values) {
             tracing::debug!("reading an unwound-stacks map: {err}");
-            1
+            errors += 1;
         }
-    };
-    for (id, stack) in ids.iter().zip(stacks.iter()) {
-        let len = (stack.len as usize).min(MAX_STACK_DEPTH);
-        out.insert(*id, stack.frames[..len].into());
+    }
+    let tails: StdHashMap<u32, &UnwoundStack> = tail_ids.iter().copied().zip(tails.iter()).collect();
+    for (id, stack) in stack_ids.iter().zip(stacks.iter()) {
+        let tail = tails.get(id).copied();
+        if stack.len as usize > MAX_STACK_DEPTH && !tail.is_some_and(|tail| tail.hash == stack.hash) {
+            // The sampler stores the tail first: only a failed read loses it.
+            errors += 1;
+        }
+        out.insert(*id, whole_stack(stack, tail));
     }
     errors
+}
+
+/// The frames of an unwound stack, with its tail's when it is deeper than
+/// `MAX_STACK_DEPTH` and `tail` is its own (same hash); without a tail of
+/// its own it keeps its leaf-most `MAX_STACK_DEPTH`.
+fn whole_stack(stack: &UnwoundStack, tail: Option<&UnwoundStack>) -> Arc<[u64]> {
+    let len = stack.len as usize;
+    let head = &stack.frames[..len.min(MAX_STACK_DEPTH)];
+    match tail.filter(|tail| len > MAX_STACK_DEPTH && tail.hash == stack.hash) {
+        Some(tail) => {
+            let rest = (len - MAX_STACK_DEPTH)
+                .min(tail.len as usize)
+                .min(MAX_STACK_DEPTH);
+            head.iter().chain(&tail.frames[..rest]).copied().collect()
+        }
+        None => head.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stack(hash: u64, first: u64, len: usize, frames: usize) -> UnwoundStack {
+        let mut stack = UnwoundStack {
+            hash,
+            len: len as u32,
+            end: 0,
+            frames: [0; MAX_STACK_DEPTH],
+        };
+        for (i, frame) in stack.frames.iter_mut().take(frames).enumerate() {
+            *frame = first + i as u64;
+        }
+        stack
+    }
+
+    #[test]
+    fn a_deep_stack_is_joined_to_its_own_tail_only() {
+        let head = stack(7, 1000, MAX_STACK_DEPTH + 3, MAX_STACK_DEPTH);
+        let tail = stack(7, 5000, 3, 3);
+        let whole = whole_stack(&head, Some(&tail));
+        assert_eq!(whole.len(), MAX_STACK_DEPTH + 3);
+        assert_eq!(whole[0], 1000);
+        assert_eq!(whole[MAX_STACK_DEPTH - 1], 1000 + MAX_STACK_DEPTH as u64 - 1);
+        assert_eq!(&whole[MAX_STACK_DEPTH..], &[5000, 5001, 5002]);
+        // Another stack's tail (the key's low bits collided): the leaf-most part.
+        let other = stack(8, 5000, 3, 3);
+        assert_eq!(whole_stack(&head, Some(&other)).len(), MAX_STACK_DEPTH);
+        assert_eq!(whole_stack(&head, None).len(), MAX_STACK_DEPTH);
+        // A tail claiming more than it holds, or a shallow stack with a stray tail.
+        let forged = stack(7, 5000, 500, 3);
+        assert_eq!(whole_stack(&head, Some(&forged)).len(), MAX_STACK_DEPTH + 3);
+        let shallow = stack(7, 1, 5, 5);
+        assert_eq!(&*whole_stack(&shallow, Some(&tail)), &[1, 2, 3, 4, 5]);
+        let beyond = stack(7, 1000, 10_000, MAX_STACK_DEPTH);
+        let full_tail = stack(7, 5000, MAX_STACK_DEPTH, MAX_STACK_DEPTH);
+        assert_eq!(whole_stack(&beyond, Some(&full_tail)).len(), 2 * MAX_STACK_DEPTH);
+    }
 }

@@ -10,7 +10,10 @@ use profiler_common::{
     python::PythonProcess,
 };
 
-use super::{super::drain::UserStackMaps, CollectError, Drainer};
+use super::{
+    super::drain::{UnwoundMaps, UserStackMaps},
+    CollectError, Drainer,
+};
 
 /// The maps the daemon fills for the sampler's own walk (auto mode).
 pub struct UnwindMaps {
@@ -74,17 +77,21 @@ pub(super) fn take_drainer(ebpf: &mut Ebpf, unwound: bool) -> Result<Drainer, Co
     let counts: [HashMap<MapData, SampleKey, SampleValue>; 2] =
         [convert(ebpf, maps::COUNTS[0])?, convert(ebpf, maps::COUNTS[1])?];
     let user_stacks = if unwound {
-        let maps: [HashMap<MapData, u32, UnwoundStack>; 2] = [
+        let stacks: [HashMap<MapData, u32, UnwoundStack>; 2] = [
             convert(ebpf, maps::UNWOUND_STACKS[0])?,
             convert(ebpf, maps::UNWOUND_STACKS[1])?,
         ];
-        UserStackMaps::Unwound(maps)
+        let tails: [HashMap<MapData, u32, UnwoundStack>; 2] = [
+            convert(ebpf, maps::UNWOUND_TAILS[0])?,
+            convert(ebpf, maps::UNWOUND_TAILS[1])?,
+        ];
+        UserStackMaps::Unwound(Box::new(UnwoundMaps { stacks, tails }))
     } else {
         let maps: [StackTraceMap<MapData>; 2] = [
             convert(ebpf, maps::USER_STACKS[0])?,
             convert(ebpf, maps::USER_STACKS[1])?,
         ];
-        UserStackMaps::StackTraces(maps)
+        UserStackMaps::StackTraces(Box::new(maps))
     };
     let kernel_stacks: [StackTraceMap<MapData>; 2] = [
         convert(ebpf, maps::KERNEL_STACKS[0])?,

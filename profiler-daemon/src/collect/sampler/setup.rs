@@ -151,6 +151,10 @@ fn configure_walk(loader: &mut EbpfLoader, options: &SamplerOptions, plan: &Plan
     for name in maps::UNWOUND_STACKS {
         loader.map_max_entries(name, unwound_entries);
     }
+    // As the defaults: one stack in 16 may be deeper than MAX_STACK_DEPTH.
+    for name in maps::UNWOUND_TAILS {
+        loader.map_max_entries(name, (unwound_entries / 16).max(1));
+    }
     let row_chunks = if plan.tables {
         u32::try_from(options.unwind_table_bytes / size_of::<UnwindRowChunk>() as u64)
             .unwrap_or(u32::MAX)
