@@ -104,7 +104,9 @@ pub enum Counter {
     /// the daemon last read its time is not in its window.
     ThreadExitsFull,
     /// A user stack deeper than `MAX_STACK_DEPTH` found no room in the
-    /// unwound-tails map: it keeps its leaf-most `MAX_STACK_DEPTH` frames.
+    /// unwound-tails map (full, or its key held another stack's tail): it
+    /// keeps its leaf-most `MAX_STACK_DEPTH` frames, like a walk cut at
+    /// the depth limit.
     UnwoundTailsFull,
 }
 

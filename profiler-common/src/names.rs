@@ -44,7 +44,8 @@ pub mod maps {
     /// Processes whose threads' CPU the daemon follows between samples.
     pub const CPU_FOLLOWED_ENTRIES: u32 = 4096;
     pub const PROCESS_EVENTS_BYTES: u32 = 256 * 1024;
-    /// About 250 spilled samples per drain.
+    /// About 170 spilled samples (3 KiB each) per drain (a ring's size is
+    /// a power of two; spills are rare, and those lost are counted).
     pub const SPILLED_SAMPLES_BYTES: u32 = 512 * 1024;
     pub const DEFAULT_UNWOUND_STACKS_ENTRIES: u32 = 16384;
     /// Stacks deeper than `MAX_STACK_DEPTH` are rare: one in 16 may be,

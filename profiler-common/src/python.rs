@@ -79,7 +79,10 @@ pub mod instruction_model {
     pub const CURRENT_POINTER: u8 = 4;
 }
 
-/// Value of `_PyInterpreterFrame.owner` for the eval loop's shim (3.12+).
+/// Value of `_PyInterpreterFrame.owner` for the eval loop's entry frame
+/// (3.12+): `FRAME_OWNED_BY_CSTACK` in 3.12 and 3.13, renamed
+/// `FRAME_OWNED_BY_INTERPRETER` in 3.14 with the same value (3.14's
+/// `FRAME_OWNED_BY_CSTACK` is 4, not an eval call's entry).
 pub const FRAME_OWNED_BY_CSTACK: u8 = 3;
 
 /// Sent through the `PYTHON_CODES` ring when a CPU records a code object it
@@ -144,7 +147,10 @@ pub struct PythonProcess {
     pub code_first_line: u16,
     /// Where the bytecode starts in the code object (3.11+: `co_code_adaptive`).
     pub code_instructions: u16,
-    pub reserved: [u16; 2],
+    /// Tag bits to clear from `f_executable` (3.14+: a `_PyStackRef`, whose
+    /// low bit marks a deferred or immortal reference); 0 before.
+    pub frame_code_tag: u16,
+    pub reserved: u16,
 }
 
 const _: () = assert!(core::mem::size_of::<PythonProcess>() == 3 * 8 + 4 + 12 * 2 + 4);

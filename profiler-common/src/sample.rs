@@ -1,7 +1,7 @@
 //! What the sampler records: counts keys and values, off-CPU waits, spilled
 //! samples and process events.
 
-use crate::{COMM_LEN, MAX_STACK_DEPTH};
+use crate::{COMM_LEN, MAX_STACK_DEPTH, MAX_USER_DEPTH};
 
 /// Key of the counts maps: one entry per distinct (kind, thread, process
 /// instance, cgroup, stacks).
@@ -173,7 +173,9 @@ pub struct SpilledSample {
     pub amount: u64,
     /// As [`SampleKey::cgroup_id`].
     pub cgroup_id: u64,
-    pub user: [u64; MAX_STACK_DEPTH],
+    /// As deep as the sampler's own walk keeps (`MAX_USER_DEPTH`); a
+    /// frame-pointer walk fills at most `MAX_STACK_DEPTH`.
+    pub user: [u64; MAX_USER_DEPTH],
     pub kernel: [u64; MAX_STACK_DEPTH],
 }
 
@@ -213,7 +215,9 @@ const _: () = assert!(core::mem::offset_of!(Wait, cgroup_id) == 8 + 5 * 4 + 2 * 
 const _: () = assert!(core::mem::align_of::<SampleKey>() == 8);
 const _: () = assert!(core::mem::size_of::<ProcessEvent>() == 8 + 4 * 4);
 const _: () = assert!(core::mem::size_of::<ThreadExit>() == 3 * 8 + 2 * 4 + COMM_LEN);
-const _: () =
-    assert!(core::mem::size_of::<SpilledSample>() == 5 * 4 + COMM_LEN + 4 + 8 + 8 + 2 * 8 * MAX_STACK_DEPTH);
+const _: () = assert!(
+    core::mem::size_of::<SpilledSample>()
+        == 5 * 4 + COMM_LEN + 4 + 8 + 8 + 8 * (MAX_USER_DEPTH + MAX_STACK_DEPTH)
+);
 const _: () = assert!(core::mem::size_of::<SampleValue>() == 16);
 const _: () = assert!(core::mem::align_of::<SpilledSample>() == 8);

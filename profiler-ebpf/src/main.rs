@@ -36,7 +36,7 @@ use aya_ebpf::{
 use aya_log_ebpf::warn;
 use process::process_instance;
 use profiler_common::{
-    COMM_LEN, CONTROL_GENERATION, CONTROL_LEN, Counter, MAX_STACK_DEPTH, ProcessEventKind,
+    COMM_LEN, CONTROL_GENERATION, CONTROL_LEN, Counter, MAX_STACK_DEPTH, MAX_USER_DEPTH, ProcessEventKind,
     SPILLED_STACK_ID_BASE, SampleKey, SampleValue, SpilledSample, UnwindEnd, UnwoundStack, maps::*,
     sample_kind, unwind_mode,
 };
@@ -342,7 +342,7 @@ fn spill(ctx: &PerfEventContext, key: &SampleKey, amount: u64, user: UserStack) 
     let sample = entry.as_mut_ptr();
     const STACK_BYTES: u32 = (MAX_STACK_DEPTH * 8) as u32;
     // SAFETY: `sample` points at the reserved record, which the fields and the
-    // two stack buffers (STACK_BYTES each) lie within.
+    // stack buffers (user: twice STACK_BYTES, kernel: STACK_BYTES) lie within.
     unsafe {
         (*sample).tgid = key.tgid;
         (*sample).tid = key.tid;
@@ -358,9 +358,21 @@ fn spill(ctx: &PerfEventContext, key: &SampleKey, amount: u64, user: UserStack) 
                 bpf_get_stack(ctx.as_ptr(), frames, STACK_BYTES, BPF_F_USER_STACK as u64) as i32
             }
             UserStack::Unwound(Some(walk)) => {
-                let stack = &(*walk).stack;
-                match generated::bpf_probe_read_kernel(frames, STACK_BYTES, stack.frames.as_ptr().cast()) {
-                    0 => (stack.len.min(MAX_STACK_DEPTH as u32) * 8) as i32,
+                let (stack, tail) = (&(*walk).stack, &(*walk).tail);
+                // The frames past MAX_STACK_DEPTH follow, when there are any.
+                let deeper: *mut u64 = core::ptr::addr_of_mut!((*sample).user[MAX_STACK_DEPTH]);
+                let read =
+                    match generated::bpf_probe_read_kernel(frames, STACK_BYTES, stack.frames.as_ptr().cast())
+                    {
+                        0 if stack.len as usize > MAX_STACK_DEPTH => generated::bpf_probe_read_kernel(
+                            deeper.cast(),
+                            STACK_BYTES,
+                            tail.frames.as_ptr().cast(),
+                        ),
+                        result => result,
+                    };
+                match read {
+                    0 => (stack.len.min(MAX_USER_DEPTH as u32) * 8) as i32,
                     err => err as i32,
                 }
             }

@@ -63,6 +63,10 @@ pub const PY_SKIP_PUSH: u64 = 1 << 10;
 pub const PY_DONE: u64 = 1 << 11;
 /// The batch recorded a frame (else its eval call is recorded as native).
 const PY_EMITTED: u64 = 1 << 12;
+/// The batch ended without recording a frame: the eval call it stood for is
+/// recorded as a native frame, not entered again (a forged chain of shim
+/// frames would otherwise keep the walk at one frame until its steps ran out).
+const PY_AS_NATIVE: u64 = 1 << 13;
 
 /// The frame fields are read in one window of this many bytes.
 const WINDOW_WORDS: usize = 16;
@@ -87,6 +91,10 @@ pub fn process(tgid: u32) -> *const PythonProcess {
 #[inline(always)]
 pub fn enters(walk: &mut Walk, python: &PythonProcess, ip: u64) -> bool {
     if ip < python.eval_start || ip >= python.eval_end || walk.flags & PY_DONE != 0 {
+        return false;
+    }
+    if walk.flags & PY_AS_NATIVE != 0 {
+        walk.flags &= !PY_AS_NATIVE;
         return false;
     }
     walk.flags = (walk.flags & !PY_EMITTED) | PY_BATCH | PY_SKIP_PUSH;
@@ -135,11 +143,11 @@ pub fn frame_step(walk: &mut Walk, python: &PythonProcess) {
         walk.py_frame = previous;
         walk.flags &= !PY_BATCH;
         if walk.flags & PY_EMITTED == 0 {
-            walk.flags &= !PY_SKIP_PUSH;
+            walk.flags = (walk.flags & !PY_SKIP_PUSH) | PY_AS_NATIVE;
         }
         return;
     }
-    let code = field(&window, python.frame_code, 8);
+    let code = field(&window, python.frame_code, 8) & !u64::from(python.frame_code_tag);
     if code == 0 || code & 15 != 0 || code >= 1 << 47 || previous == frame {
         return fail(walk, END_INVALID);
     }

@@ -19,8 +19,9 @@ pub const PYTHON_MAPPING: &str = "[python]";
 /// Debian's CPython: the interpreter a real user of this machine runs.
 pub const DEBIAN_PYTHON: &str = "/usr/bin/python3.11";
 
-/// The pyenv versions the tests run where present (3.8 to 3.13).
-const PYENV_MINORS: std::ops::RangeInclusive<u32> = 8..=13;
+/// The pyenv versions the tests run where present (3.8 to 3.14; machines
+/// of this kind carry 3.6-3.13, and 3.14 where one was built).
+const PYENV_MINORS: std::ops::RangeInclusive<u32> = 8..=14;
 
 /// A workload under tests/workloads/python.
 pub fn script(name: &str) -> String {
@@ -83,7 +84,7 @@ pub fn debian() -> Interpreter {
     }
 }
 
-/// pyenv's CPython 3.8 to 3.13 under $PYENV_ROOT (or /root/.pyenv), the
+/// pyenv's CPython 3.8 to 3.14 under $PYENV_ROOT (or /root/.pyenv), the
 /// newest patch release of each minor version present, oldest first.
 pub fn pyenv() -> Vec<Interpreter> {
     let root = std::env::var_os("PYENV_ROOT").map_or_else(|| PathBuf::from("/root/.pyenv"), PathBuf::from);

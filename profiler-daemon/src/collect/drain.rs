@@ -296,23 +296,29 @@ fn drain_unwound(
     read: [&mut Vec<UnwoundStack>; 2],
     out: &mut StdHashMap<u32, Arc<[u64]>>,
 ) -> u64 {
-    let mut errors = 0;
     let [stack_ids, tail_ids] = ids;
     let [stacks, tails] = read;
-    for (map, ids, values) in [
+    let mut read_ok = [true; 2];
+    let pairs = [
         (maps[0], &mut *stack_ids, &mut *stacks),
         (maps[1], &mut *tail_ids, &mut *tails),
-    ] {
+    ];
+    for ((map, ids, values), ok) in pairs.into_iter().zip(&mut read_ok) {
         if let Err(err) = batch::read_all(map.map(), true, ids, values) {
             tracing::debug!("reading an unwound-stacks map: {err}");
-            errors += 1;
+            *ok = false;
         }
     }
+    let mut errors = read_ok.iter().filter(|ok| !**ok).count() as u64;
     let tails: StdHashMap<u32, &UnwoundStack> = tail_ids.iter().copied().zip(tails.iter()).collect();
     for (id, stack) in stack_ids.iter().zip(stacks.iter()) {
         let tail = tails.get(id).copied();
-        if stack.len as usize > MAX_STACK_DEPTH && !tail.is_some_and(|tail| tail.hash == stack.hash) {
-            // The sampler stores the tail first: only a failed read loses it.
+        if read_ok[1]
+            && stack.len as usize > MAX_STACK_DEPTH
+            && !tail.is_some_and(|tail| tail.hash == stack.hash)
+        {
+            // The sampler stores the tail before the stack: only a read that
+            // failed (counted once, above) can lose it.
             errors += 1;
         }
         out.insert(*id, whole_stack(stack, tail));

@@ -125,7 +125,10 @@ impl Layout {
             frame_entry: self.frame_entry.unwrap_or(u16::MAX),
             code_first_line: self.code.first_line,
             code_instructions: self.code.instructions.unwrap_or(0),
-            reserved: [0; 2],
+            // 3.14's `_PyStackRef` (Include/internal/pycore_stackref.h,
+            // Py_TAG_BITS of the GIL build).
+            frame_code_tag: u16::from(self.version >= (Version { major: 3, minor: 14 })),
+            reserved: 0,
         }
     }
 }
