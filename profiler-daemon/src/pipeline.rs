@@ -168,6 +168,7 @@ impl Pipeline {
                 // The tracer asks on the drain thread: a short deadline per
                 // file, whatever symbolization's is.
                 let worker = WorkerConfig::this_binary(
+                    symbolize::worker::WorkerRole::Allocations,
                     options.symbolizer.worker_memory_bytes,
                     options.symbolizer.worker_deadline.min(Duration::from_secs(5)),
                 );
@@ -221,6 +222,7 @@ impl Pipeline {
             let proc_root = options.proc_root.clone();
             let status_tx = status_tx.clone();
             let worker = WorkerConfig::this_binary(
+                symbolize::worker::WorkerRole::Symbols,
                 options.symbolizer.worker_memory_bytes,
                 options.symbolizer.worker_deadline,
             );

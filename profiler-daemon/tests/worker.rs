@@ -15,6 +15,7 @@ use std::{
 use profiler_common::CfaRule;
 use profilerd::symbolize::worker::{
     FileIdentity, FileUnwindTable, UnwindTableError, WorkerClient, WorkerConfig, WorkerError, WorkerProgram,
+    WorkerRole,
 };
 
 #[inline(never)]
@@ -27,7 +28,7 @@ fn marker_function_for_the_worker_test(x: u64) -> u64 {
 fn real_worker() -> WorkerConfig {
     WorkerConfig {
         program: WorkerProgram::open(env!("CARGO_BIN_EXE_profilerd")).expect("opening the built profilerd"),
-        ..WorkerConfig::this_binary(256 << 20, Duration::from_secs(10))
+        ..WorkerConfig::this_binary(WorkerRole::Symbols, 256 << 20, Duration::from_secs(10))
     }
 }
 
@@ -87,6 +88,12 @@ fn a_sandboxed_worker_resolves_a_known_function() {
 
     // What the worker may do: nothing the test (root) may.
     let pid = client.worker_pid().expect("a worker runs");
+    // What `ps` shows of it: its role, not `exe` or a descriptor's number
+    // (it was executed through one).
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).expect("the worker's comm");
+    assert_eq!(comm.trim_end(), "profilerd-sym");
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).expect("the worker's command line");
+    assert_eq!(cmdline, b"profilerd\0symbolize-worker\0symbols\0");
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("the worker's status");
     let field = |name: &str| {
         status

@@ -16,7 +16,7 @@ use crate::{
         detect::{Detected, DetectionStats},
         prefetch::{PrefetchStats, Prefetcher, PythonNews},
     },
-    symbolize::worker::{WorkerClient, WorkerConfig},
+    symbolize::worker::{WorkerClient, WorkerConfig, WorkerRole},
 };
 
 /// The table manager (and the Python code prefetcher), when the sampler
@@ -56,6 +56,7 @@ pub(super) fn start_unwinding(
     }
     let news_tx = news_tx.clone();
     let worker = WorkerConfig::this_binary(
+        WorkerRole::UnwindTables,
         options.symbolizer.worker_memory_bytes,
         options.symbolizer.worker_deadline,
     );

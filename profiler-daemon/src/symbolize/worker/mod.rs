@@ -18,6 +18,7 @@ mod perf_map_client;
 mod perf_map_text;
 mod protocol;
 mod python_elf;
+mod role;
 mod sandbox;
 mod server;
 mod unwind_client;
@@ -49,6 +50,7 @@ pub use allocator_client::AllocatorError;
 pub use perf_map_client::{JitSymbols, PerfMapError};
 pub use protocol::{FileIdentity, LoadSegment, MAX_TABLE_ROWS, PythonSymbols, Response, SymbolLine, Symbols};
 use protocol::{MAX_RESPONSE_BYTES, ProtocolError, Request};
+pub use role::WorkerRole;
 pub use unwind_client::{FileUnwindTable, UnwindTableError};
 
 /// The hidden subcommand that runs [`run_worker`].
@@ -112,13 +114,13 @@ pub struct WorkerConfig {
 }
 
 impl WorkerConfig {
-    /// This very binary (even if replaced on disk since) in worker mode.
-    /// `/proc/self/exe` is a magic link: exec follows it to the file without
-    /// walking the directories of its path.
-    pub fn this_binary(memory_bytes: u64, deadline: Duration) -> Self {
+    /// This very binary (even if replaced on disk since) in worker mode, as
+    /// a `role` worker. `/proc/self/exe` is a magic link: exec follows it to
+    /// the file without walking the directories of its path.
+    pub fn this_binary(role: WorkerRole, memory_bytes: u64, deadline: Duration) -> Self {
         Self {
             program: WorkerProgram::Path(PathBuf::from("/proc/self/exe")),
-            args: vec![SUBCOMMAND.into()],
+            args: vec![SUBCOMMAND.into(), role.arg().into()],
             memory_bytes,
             deadline,
             table_deadline: deadline,
@@ -324,6 +326,7 @@ impl WorkerClient {
         let memory = self.config.memory_bytes;
         let mut command = Command::new(self.config.program.exec_path());
         command
+            .arg0("profilerd")
             .args(&self.config.args)
             .stdin(Stdio::from(theirs))
             .stdout(Stdio::null())
@@ -382,6 +385,12 @@ pub fn run_worker() -> std::process::ExitCode {
     if let Err(err) = sandbox::verify_unprivileged() {
         eprintln!("profilerd symbolize-worker: refusing to run: {err}");
         return std::process::ExitCode::FAILURE;
+    }
+    if let Some(role) = std::env::args_os()
+        .nth(2)
+        .and_then(|arg| WorkerRole::from_arg(&arg))
+    {
+        role::name_this_process(role);
     }
     // SAFETY: fd 0 is the socket the daemon passed as standard input; from
     // here on this function owns it.
