@@ -39,11 +39,32 @@ struct CachedRow {
 #[repr(C)]
 struct RowCache {
     entries: [CachedRow; ROW_CACHE_SIZE],
+    /// Where the searches pass their probe indices through (see [`opaque`]).
+    opaque: u32,
+    reserved: u32,
+}
+
+/// `value`, as the verifier sees a number read from a map value: any
+/// number, bounded by the mask the caller applies. A search's bounds then
+/// carry no precision the verifier must keep apart, so its states at each
+/// halving merge: verifying the searches went from seconds to milliseconds
+/// (every halving doubled the states to explore).
+#[inline(always)]
+fn opaque(cache: *mut RowCache, value: u32) -> u32 {
+    // SAFETY: this CPU's cache entry (see find_row); programs do not nest on one CPU.
+    unsafe {
+        let slot = core::ptr::addr_of_mut!((*cache).opaque);
+        core::ptr::write_volatile(slot, value);
+        core::ptr::read_volatile(slot)
+    }
 }
 
 /// The row for `pc`, or why there is none.
 #[inline(always)]
 pub(super) fn find_row(process: &UnwindProcess, pc: u64, hint: &mut u64) -> Result<UnwindRow, UnwindEnd> {
+    let Some(cache) = ROW_CACHE.get_ptr_mut(0) else {
+        return Err(UnwindEnd::TableNotLoaded);
+    };
     let count = process.count as usize;
     let (mut lo, mut hi) = (0usize, count.min(MAX_UNWIND_MAPPINGS));
     let mut found = MAX_UNWIND_MAPPINGS;
@@ -59,7 +80,7 @@ pub(super) fn find_row(process: &UnwindProcess, pc: u64, hint: &mut u64) -> Resu
         if lo >= hi {
             break;
         }
-        let mid = (lo + hi) / 2;
+        let mid = opaque(cache, ((lo + hi) / 2) as u32) as usize;
         let mapping = &process.mappings[mid & (MAX_UNWIND_MAPPINGS - 1)];
         if pc < mapping.start {
             hi = mid;
@@ -93,9 +114,6 @@ pub(super) fn find_row(process: &UnwindProcess, pc: u64, hint: &mut u64) -> Resu
     // cache of their rows saves both searches. An entry is only good for
     // the table as loaded now (its place and size), so an evicted and
     // reloaded table, or an id given to another file, never hits stale rows.
-    let Some(cache) = ROW_CACHE.get_ptr_mut(0) else {
-        return find_in_table(first, rows, target);
-    };
     let slot =
         (target ^ mapping.table.wrapping_mul(0x9e37_79b9)).wrapping_mul(0x85eb_ca6b) >> (32 - ROW_CACHE_BITS);
     // SAFETY: this CPU's cache; programs do not nest on one CPU.
@@ -107,7 +125,7 @@ pub(super) fn find_row(process: &UnwindProcess, pc: u64, hint: &mut u64) -> Resu
     {
         return Ok(entry.row);
     }
-    let row = find_in_table(first, rows, target)?;
+    let row = find_in_table(cache, first, rows, target)?;
     *entry = CachedRow {
         table: mapping.table,
         target,
@@ -123,7 +141,7 @@ pub(super) fn find_row(process: &UnwindProcess, pc: u64, hint: &mut u64) -> Resu
 /// lines, one page), then within the one chunk left (one 4 KiB page): a cold
 /// walk touches two pages per frame, not one per probe.
 #[inline(always)]
-fn find_in_table(first: u32, rows: u32, target: u32) -> Result<UnwindRow, UnwindEnd> {
+fn find_in_table(cache: *mut RowCache, first: u32, rows: u32, target: u32) -> Result<UnwindRow, UnwindEnd> {
     const PER_CHUNK: u32 = UNWIND_ROWS_PER_CHUNK as u32;
     let end = first.saturating_add(rows);
     let (mut lo, mut hi) = (first / PER_CHUNK, (end - 1) / PER_CHUNK + 1);
@@ -137,7 +155,7 @@ fn find_in_table(first: u32, rows: u32, target: u32) -> Result<UnwindRow, Unwind
         if hi - lo <= 1 {
             break;
         }
-        let mid = lo + (hi - lo) / 2;
+        let mid = opaque(cache, lo + (hi - lo) / 2);
         if chunk_pc(mid)? <= target {
             lo = mid;
         } else {
@@ -152,7 +170,7 @@ fn find_in_table(first: u32, rows: u32, target: u32) -> Result<UnwindRow, Unwind
         if hi - lo <= 1 {
             break;
         }
-        let mid = lo + (hi - lo) / 2;
+        let mid = opaque(cache, lo + (hi - lo) / 2);
         if chunk.rows[mid as usize & (UNWIND_ROWS_PER_CHUNK - 1)].pc <= target {
             lo = mid;
         } else {
