@@ -25,7 +25,7 @@ mod walk;
 
 use aya_ebpf::{
     EbpfContext, Global,
-    bindings::{BPF_F_USER_STACK, BPF_NOEXIST, BPF_RB_NO_WAKEUP},
+    bindings::{BPF_F_NO_PREALLOC, BPF_F_USER_STACK, BPF_NOEXIST, BPF_RB_NO_WAKEUP},
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_stack, generated,
     },
@@ -48,10 +48,17 @@ pub(crate) const EEXIST: i32 = 17;
 const EFAULT: i32 = 14;
 const ENOMEM: i32 = 12;
 
+// The counts and unwound-stacks maps allocate their entries as samples come
+// (BPF_F_NO_PREALLOC): the kernel memory they take follows the stacks a
+// drain holds, not their maximum (36 MiB at rest before). Their entries are
+// all deleted at every drain; an insert costs an allocation from the BPF
+// memory allocator's per-CPU caches, which works in any context.
 #[map]
-static COUNTS_0: HashMap<SampleKey, SampleValue> = HashMap::with_max_entries(DEFAULT_COUNTS_ENTRIES, 0);
+static COUNTS_0: HashMap<SampleKey, SampleValue> =
+    HashMap::with_max_entries(DEFAULT_COUNTS_ENTRIES, BPF_F_NO_PREALLOC);
 #[map]
-static COUNTS_1: HashMap<SampleKey, SampleValue> = HashMap::with_max_entries(DEFAULT_COUNTS_ENTRIES, 0);
+static COUNTS_1: HashMap<SampleKey, SampleValue> =
+    HashMap::with_max_entries(DEFAULT_COUNTS_ENTRIES, BPF_F_NO_PREALLOC);
 #[map]
 static USER_STACKS_0: StackTrace = StackTrace::with_max_entries(DEFAULT_USER_STACKS_ENTRIES, 0);
 #[map]
@@ -64,17 +71,17 @@ static KERNEL_STACKS_1: StackTrace = StackTrace::with_max_entries(DEFAULT_KERNEL
 /// by the low bits of their hash; one map per buffer, like the stack-trace maps.
 #[map]
 static UNWOUND_STACKS_0: HashMap<u32, UnwoundStack> =
-    HashMap::with_max_entries(DEFAULT_UNWOUND_STACKS_ENTRIES, 0);
+    HashMap::with_max_entries(DEFAULT_UNWOUND_STACKS_ENTRIES, BPF_F_NO_PREALLOC);
 #[map]
 static UNWOUND_STACKS_1: HashMap<u32, UnwoundStack> =
-    HashMap::with_max_entries(DEFAULT_UNWOUND_STACKS_ENTRIES, 0);
+    HashMap::with_max_entries(DEFAULT_UNWOUND_STACKS_ENTRIES, BPF_F_NO_PREALLOC);
 /// The frames past `MAX_STACK_DEPTH` of the unwound stacks deeper than that.
 #[map]
 static UNWOUND_TAILS_0: HashMap<u32, UnwoundStack> =
-    HashMap::with_max_entries(DEFAULT_UNWOUND_TAILS_ENTRIES, 0);
+    HashMap::with_max_entries(DEFAULT_UNWOUND_TAILS_ENTRIES, BPF_F_NO_PREALLOC);
 #[map]
 static UNWOUND_TAILS_1: HashMap<u32, UnwoundStack> =
-    HashMap::with_max_entries(DEFAULT_UNWOUND_TAILS_ENTRIES, 0);
+    HashMap::with_max_entries(DEFAULT_UNWOUND_TAILS_ENTRIES, BPF_F_NO_PREALLOC);
 #[map]
 static CONTROL: Array<u32> = Array::with_max_entries(CONTROL_LEN, 0);
 #[map]
