@@ -52,7 +52,8 @@ pub enum Counter {
     UnwindTableFrames,
     /// Another unwound stack held the stack's key: the sample was spilled.
     UnwoundStackCollision,
-    /// The unwound-stacks map had no free entry: the sample has no user stack.
+    /// The unwound-stacks map had no free entry (or no memory for one): the
+    /// sample has no user stack.
     UnwoundStackMapFull,
     // Off-CPU (the sched_switch program), when enabled.
     /// Every time a thread (not an idle task) left a CPU.

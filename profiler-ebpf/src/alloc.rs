@@ -198,7 +198,7 @@ fn sampled(ctx: &RetProbeContext, tgid: u32, tid: u32, block: u64, size: u64) {
     let registers = unsafe { ((*ctx.regs).rip, (*ctx.regs).rsp, (*ctx.regs).rbp) };
     // Without CPython frames: with them, the verifier's paths through this
     // program pass its million-instruction bound.
-    let walk = unwind::walk_user_stack_in(scratch, Some(registers), tgid, false);
+    let walk = unwind::walk_user_stack_in(scratch, Some(registers), tgid, true);
     let generation = generation();
     let mut key = SampleKey {
         tgid,

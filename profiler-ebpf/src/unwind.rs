@@ -46,6 +46,10 @@ static UNWIND_SCRATCH: PerCpuArray<Walk> = PerCpuArray::with_max_entries(1, 0);
 const EXACT_IP: u64 = 1;
 /// rbp was saved in a way the walk cannot follow: it is unknown from here on.
 const BP_UNKNOWN: u64 = 2;
+/// The walk only reads the row cache: an allocation probe's, which the
+/// sampler (or, preempted, the off-CPU program) can interrupt on this CPU
+/// mid-write of an entry they share.
+const ROWS_READ_ONLY: u64 = 4;
 
 /// Offsets in the kernel's signal frame at `__restore_rt`: rsp points at
 /// the ucontext, whose mcontext (struct sigcontext) starts 40 bytes in.
@@ -69,19 +73,19 @@ struct StepContext {
 /// scratch is missing.
 #[inline(always)]
 pub fn walk_user_stack(registers: Option<(u64, u64, u64)>, tgid: u32) -> Option<*mut Walk> {
-    walk_user_stack_in(UNWIND_SCRATCH.get_ptr_mut(0)?, registers, tgid, true)
+    walk_user_stack_in(UNWIND_SCRATCH.get_ptr_mut(0)?, registers, tgid, false)
 }
 
-/// [`walk_user_stack`] into another scratch (the allocation probes have
-/// their own, as the sampler can interrupt them); without CPython frames
-/// when `python_frames` is false, and then no deeper than `MAX_STACK_DEPTH`
-/// (the allocation probes store a stack whole in one map value).
+/// [`walk_user_stack`] into another scratch. `from_probe`: for the
+/// allocation probes, which have a scratch of their own as the sampler can
+/// interrupt them: without CPython frames, no deeper than `MAX_STACK_DEPTH`
+/// (they store a stack whole in one map value), reading the row cache only.
 #[inline(always)]
 pub fn walk_user_stack_in(
     walk: *mut Walk,
     registers: Option<(u64, u64, u64)>,
     tgid: u32,
-    python_frames: bool,
+    from_probe: bool,
 ) -> Option<*mut Walk> {
     let (ip, sp, bp) = registers?;
     if ip == 0 {
@@ -92,7 +96,7 @@ pub fn walk_user_stack_in(
         unsafe { UNWIND_PROCESSES.get(&tgid) }.map_or(core::ptr::null(), |p| p as *const _);
     // Only a process the daemon marked as CPython costs a second lookup.
     // SAFETY: a non-null `process` is a live map value (see above).
-    let python = if python_frames && !process.is_null() && unsafe { (*process).python } != 0 {
+    let python = if !from_probe && !process.is_null() && unsafe { (*process).python } != 0 {
         python::process(tgid)
     } else {
         core::ptr::null()
@@ -106,17 +110,21 @@ pub fn walk_user_stack_in(
         (*walk).ip = ip;
         (*walk).sp = sp;
         (*walk).bp = bp;
-        (*walk).flags = EXACT_IP;
+        (*walk).flags = if from_probe {
+            EXACT_IP | ROWS_READ_ONLY
+        } else {
+            EXACT_IP
+        };
         (*walk).table_frames = 0;
         (*walk).pointer_frames = 0;
         (*walk).mapping_hint = 0;
         (*walk).py_frame = 0;
         (*walk).py_frames = 0;
         (*walk).py_end = 0;
-        (*walk).limit = if python_frames {
-            MAX_USER_DEPTH
-        } else {
+        (*walk).limit = if from_probe {
             MAX_STACK_DEPTH
+        } else {
+            MAX_USER_DEPTH
         } as u64;
         if !python.is_null() {
             python::start(&mut *walk, &*python);
@@ -267,7 +275,7 @@ fn step_frame(
     }
     // SAFETY: a non-null `process` is a value of UNWIND_PROCESSES, valid for
     // the program's run (RCU keeps a deleted element alive until it ends).
-    let row = match find_row(unsafe { &*process }, lookup, &mut walk.mapping_hint) {
+    let row = match find_row(unsafe { &*process }, lookup, walk) {
         Ok(row) => row,
         Err(missing) => return frame_pointer_step(walk, missing),
     };

@@ -33,6 +33,10 @@ pub struct Walk {
     pub(crate) pointer_frames: u64,
     /// Index of the mapping the previous frame was in.
     pub(crate) mapping_hint: u64,
+    /// Where the row searches pass their probe indices through (see
+    /// `unwind::rows`): in the walk's own scratch, which no program that
+    /// can interrupt this one on the CPU uses.
+    pub(crate) opaque: u64,
     /// The next Python frame to record (see `python`); 0: none.
     pub py_frame: u64,
     /// Python frames recorded, and how the Python part ended.

@@ -11,6 +11,9 @@ use profiler_common::{
     UnwindTableRange, maps::*,
 };
 
+use super::ROWS_READ_ONLY;
+use crate::walk::Walk;
+
 #[map]
 static UNWIND_ROWS: Array<UnwindRowChunk> = Array::with_max_entries(DEFAULT_UNWIND_ROW_CHUNKS, 0);
 /// The first pc of each chunk of UNWIND_ROWS, for the first halvings.
@@ -39,37 +42,34 @@ struct CachedRow {
 #[repr(C)]
 struct RowCache {
     entries: [CachedRow; ROW_CACHE_SIZE],
-    /// Where the searches pass their probe indices through (see [`opaque`]).
-    opaque: u32,
-    reserved: u32,
 }
 
 /// `value`, as the verifier sees a number read from a map value: any
 /// number, bounded by the mask the caller applies. A search's bounds then
 /// carry no precision the verifier must keep apart, so its states at each
 /// halving merge: verifying the searches went from seconds to milliseconds
-/// (every halving doubled the states to explore).
+/// (every halving doubled the states to explore). `slot` is the walk's own
+/// (`Walk::opaque`): a program that interrupts this one walks in another
+/// scratch, so it cannot change the value between the write and the read.
 #[inline(always)]
-fn opaque(cache: *mut RowCache, value: u32) -> u32 {
-    // SAFETY: this CPU's cache entry (see find_row); programs do not nest on one CPU.
+fn opaque(slot: &mut u64, value: u32) -> u32 {
+    let slot: *mut u64 = slot;
+    // SAFETY: `slot` comes from a live `&mut`; volatile keeps the compiler
+    // from handing `value` over without the round trip through memory.
     unsafe {
-        let slot = core::ptr::addr_of_mut!((*cache).opaque);
-        core::ptr::write_volatile(slot, value);
-        core::ptr::read_volatile(slot)
+        core::ptr::write_volatile(slot, u64::from(value));
+        core::ptr::read_volatile(slot) as u32
     }
 }
 
 /// The row for `pc`, or why there is none.
 #[inline(always)]
-pub(super) fn find_row(process: &UnwindProcess, pc: u64, hint: &mut u64) -> Result<UnwindRow, UnwindEnd> {
-    let Some(cache) = ROW_CACHE.get_ptr_mut(0) else {
-        return Err(UnwindEnd::TableNotLoaded);
-    };
+pub(super) fn find_row(process: &UnwindProcess, pc: u64, walk: &mut Walk) -> Result<UnwindRow, UnwindEnd> {
     let count = process.count as usize;
     let (mut lo, mut hi) = (0usize, count.min(MAX_UNWIND_MAPPINGS));
     let mut found = MAX_UNWIND_MAPPINGS;
     // Callers are mostly in the same file as their callee: try its mapping first.
-    let last = *hint as usize & (MAX_UNWIND_MAPPINGS - 1);
+    let last = walk.mapping_hint as usize & (MAX_UNWIND_MAPPINGS - 1);
     let cached = &process.mappings[last];
     if last < hi && cached.start <= pc && pc < cached.end {
         found = last;
@@ -80,7 +80,7 @@ pub(super) fn find_row(process: &UnwindProcess, pc: u64, hint: &mut u64) -> Resu
         if lo >= hi {
             break;
         }
-        let mid = opaque(cache, ((lo + hi) / 2) as u32) as usize;
+        let mid = opaque(&mut walk.opaque, ((lo + hi) / 2) as u32) as usize;
         let mapping = &process.mappings[mid & (MAX_UNWIND_MAPPINGS - 1)];
         if pc < mapping.start {
             hi = mid;
@@ -94,7 +94,7 @@ pub(super) fn find_row(process: &UnwindProcess, pc: u64, hint: &mut u64) -> Resu
     let Some(mapping) = process.mappings.get(found) else {
         return Err(UnwindEnd::NoMapping);
     };
-    *hint = found as u64;
+    walk.mapping_hint = found as u64;
     if mapping.table == 0 {
         return Err(UnwindEnd::NoFramePointer);
     }
@@ -114,9 +114,15 @@ pub(super) fn find_row(process: &UnwindProcess, pc: u64, hint: &mut u64) -> Resu
     // cache of their rows saves both searches. An entry is only good for
     // the table as loaded now (its place and size), so an evicted and
     // reloaded table, or an id given to another file, never hits stale rows.
+    let Some(cache) = ROW_CACHE.get_ptr_mut(0) else {
+        return find_in_table(&mut walk.opaque, first, rows, target);
+    };
     let slot =
         (target ^ mapping.table.wrapping_mul(0x9e37_79b9)).wrapping_mul(0x85eb_ca6b) >> (32 - ROW_CACHE_BITS);
-    // SAFETY: this CPU's cache; programs do not nest on one CPU.
+    // SAFETY: this CPU's cache. The sampler and the off-CPU program do not
+    // interrupt each other on a CPU; the allocation probes, which either can
+    // interrupt, only read it (ROWS_READ_ONLY), so no write is ever torn,
+    // and a probe's read torn by an interruption costs it that one frame's row.
     let entry = unsafe { &mut (*cache).entries[slot as usize & (ROW_CACHE_SIZE - 1)] };
     if entry.target == target
         && entry.table == mapping.table
@@ -125,7 +131,10 @@ pub(super) fn find_row(process: &UnwindProcess, pc: u64, hint: &mut u64) -> Resu
     {
         return Ok(entry.row);
     }
-    let row = find_in_table(cache, first, rows, target)?;
+    let row = find_in_table(&mut walk.opaque, first, rows, target)?;
+    if walk.flags & ROWS_READ_ONLY != 0 {
+        return Ok(row);
+    }
     *entry = CachedRow {
         table: mapping.table,
         target,
@@ -141,7 +150,7 @@ pub(super) fn find_row(process: &UnwindProcess, pc: u64, hint: &mut u64) -> Resu
 /// lines, one page), then within the one chunk left (one 4 KiB page): a cold
 /// walk touches two pages per frame, not one per probe.
 #[inline(always)]
-fn find_in_table(cache: *mut RowCache, first: u32, rows: u32, target: u32) -> Result<UnwindRow, UnwindEnd> {
+fn find_in_table(opaque_slot: &mut u64, first: u32, rows: u32, target: u32) -> Result<UnwindRow, UnwindEnd> {
     const PER_CHUNK: u32 = UNWIND_ROWS_PER_CHUNK as u32;
     let end = first.saturating_add(rows);
     let (mut lo, mut hi) = (first / PER_CHUNK, (end - 1) / PER_CHUNK + 1);
@@ -155,7 +164,7 @@ fn find_in_table(cache: *mut RowCache, first: u32, rows: u32, target: u32) -> Re
         if hi - lo <= 1 {
             break;
         }
-        let mid = opaque(cache, lo + (hi - lo) / 2);
+        let mid = opaque(opaque_slot, lo + (hi - lo) / 2);
         if chunk_pc(mid)? <= target {
             lo = mid;
         } else {
@@ -170,7 +179,7 @@ fn find_in_table(cache: *mut RowCache, first: u32, rows: u32, target: u32) -> Re
         if hi - lo <= 1 {
             break;
         }
-        let mid = opaque(cache, lo + (hi - lo) / 2);
+        let mid = opaque(opaque_slot, lo + (hi - lo) / 2);
         if chunk.rows[mid as usize & (UNWIND_ROWS_PER_CHUNK - 1)].pc <= target {
             lo = mid;
         } else {

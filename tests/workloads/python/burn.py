@@ -4,7 +4,7 @@
 
 FUNCTION is one of the functions below, each named for the case a test
 runs it in, so that a profile that mixed two processes up shows it. Runs
-for SECONDS of wall time. Runs unchanged on CPython 3.8 to 3.13.
+for SECONDS of wall time. Runs unchanged on CPython 3.8 to 3.14.
 """
 
 import sys

@@ -3,7 +3,7 @@
     python3 deep.py DEPTH SECONDS
 
 The stack, root first: <module>, main, DEPTH + 1 calls of descend, spin.
-Runs for SECONDS of wall time. Runs unchanged on CPython 3.8 to 3.13.
+Runs for SECONDS of wall time. Runs unchanged on CPython 3.8 to 3.14.
 """
 
 import sys

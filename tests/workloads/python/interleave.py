@@ -10,7 +10,7 @@ Loops over three stages until SECONDS of wall time have passed:
                   SHA-256)
 Stacks, root first: ... -> main -> sort_stage -> [C sort] -> pykey;
 main -> compress_stage -> [C: zlib]; main -> hash_stage -> [C: sha256].
-Runs unchanged on CPython 3.8 to 3.13.
+Runs unchanged on CPython 3.8 to 3.14.
 """
 
 import hashlib

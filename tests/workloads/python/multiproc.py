@@ -6,7 +6,7 @@ parent waits.
 The child (multiprocessing's default start method: fork on Linux up to
 3.13) runs multiprocessing_child_work for SECONDS of wall time; OUTPUT gets
 the child's pid once it runs. The parent waits in join().
-Runs unchanged on CPython 3.8 to 3.13.
+Runs unchanged on CPython 3.8 to 3.14.
 """
 
 import multiprocessing

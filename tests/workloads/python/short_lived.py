@@ -5,7 +5,7 @@ short_lived_work for MS milliseconds of its own CPU time, and exits.
 
 Appends to OUTPUT the CPU time short_lived_work ran (time.thread_time_ns),
 one line per process, so a test knows what its samples are worth.
-Runs unchanged on CPython 3.8 to 3.13.
+Runs unchanged on CPython 3.8 to 3.14.
 """
 
 import sys

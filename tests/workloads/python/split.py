@@ -14,7 +14,7 @@ the profile must show.
 
 Stacks, root first: <module> -> main -> Ledger.settle ->
 Ledger.settle.<locals>.one_round -> hot_a or hot_b (co_name before 3.11:
-settle, one_round). Runs unchanged on CPython 3.8 to 3.13.
+settle, one_round). Runs unchanged on CPython 3.8 to 3.14.
 """
 
 import sys

@@ -8,7 +8,7 @@ that releases the GIL.
               again (OpenSSL's SHA-256, run without the GIL)
 Once both run, OUTPUT gets one line per thread, `NAME NATIVE_TID`, so a test
 can tell their samples apart by thread id. The main thread waits in join().
-Runs unchanged on CPython 3.8 to 3.13.
+Runs unchanged on CPython 3.8 to 3.14.
 """
 
 import hashlib
