@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use profilerd_tests::{
     daemon::RawSample,
+    fleet::drain_before,
     offcpu::{
         Stats, assert_processes_sum_their_threads, assert_wait_stack, assert_waits_start_at_schedule,
         field_ns, heaviest_through, ns, percent_off, profile, schedstat, spawn_mix, start_daemon,
@@ -255,6 +256,15 @@ fn a_thread_blocked_all_window_long_shows_the_whole_window_blocked() {
     });
     let idle = stats.idle_reader_pid;
     let before = schedstat(&[idle]);
+    // Its last sample (it runs until its read blocks, shortly after
+    // idle_since) was taken before `before` was read: wait for a drain
+    // after that, or the window may start at an earlier drain and hold it.
+    let read_ms = unix_ms();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while drain_before(&daemon, unix_ms()) <= read_ms {
+        assert!(Instant::now() < deadline, "no drain in the 10 s after {read_ms}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
     const SECONDS: u64 = 5;
     // The window is the last SECONDS up to the request: all of it after
     // the reader blocked.
