@@ -121,9 +121,10 @@ fn a_users_enormous_unwind_tables_leave_a_root_process_in_bursts_its_whole_stack
 }
 
 /// The store's bound and retention in the second test: the storm brings
-/// thousands of deep stacks (their kernel parts vary) and ~0.6 MiB of
-/// entries a drain (6,400), so it fills 32 MiB within the retention by
-/// itself. Root's part, 16 MiB, holds root's history on a machine that is
+/// thousands of deep stacks (their kernel parts vary) and ~1.2 MiB of
+/// entries a drain (9,600), so it fills 32 MiB about 28 s into the
+/// retention by itself (64 threads, 0.85 MiB a drain, filled it only as the
+/// query came on some machines). Root's part, 16 MiB, holds root's history on a machine that is
 /// not itself busy as root: builds running beside the test (rustc's waits,
 /// thousands of stacks a second) fill root's part on their own, and root's
 /// oldest go to root's own load, shares or not. The other user's part is its
@@ -131,7 +132,7 @@ fn a_users_enormous_unwind_tables_leave_a_root_process_in_bursts_its_whole_stack
 const STORE_MB: &str = "32";
 const RETENTION: u64 = 40;
 /// The storm: threads, each waiting 1 ms at a time in 100 stacks.
-const STORM_THREADS: &str = "64";
+const STORM_THREADS: &str = "96";
 /// The span of root's history checked, and how long after its start the
 /// query is made (so it is near the oldest end of the retention). The
 /// stored window starts and ends at drains, up to a drain interval inside

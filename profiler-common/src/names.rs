@@ -51,8 +51,12 @@ pub mod maps {
     /// Stacks deeper than `MAX_STACK_DEPTH` are rare: one in 16 may be,
     /// before the deepest are cut to their leaf-most `MAX_STACK_DEPTH`.
     pub const DEFAULT_UNWOUND_TAILS_ENTRIES: u32 = DEFAULT_UNWOUND_STACKS_ENTRIES / 16;
-    /// 64 MiB of rows; the daemon sets it from `unwind_table_memory_mb`.
+    /// 64 MiB of rows at most; the daemon sets it from
+    /// `unwind_table_memory_mb`.
     pub const DEFAULT_UNWIND_ROW_CHUNKS: u32 = 16384;
+    /// Groups of `UNWIND_GROUP_CHUNKS` chunks in the rows map (its outer
+    /// array's entries), for the default chunks.
+    pub const DEFAULT_UNWIND_ROW_GROUPS: u32 = DEFAULT_UNWIND_ROW_CHUNKS / crate::UNWIND_GROUP_CHUNKS as u32;
     /// Table ids (one per loaded file); id 0 is never used.
     pub const UNWIND_TABLE_IDS: u32 = 16384;
     pub const DEFAULT_UNWIND_PROCESSES_ENTRIES: u32 = 8192;

@@ -79,6 +79,11 @@ impl UnwindRow {
 /// map update, and every table starts at a chunk boundary.
 pub const UNWIND_ROWS_PER_CHUNK: usize = 512;
 
+/// Chunks per group: the rows map is an array of groups (inner maps of
+/// 256 KiB), created as tables need them, so its kernel memory follows the
+/// tables loaded rather than the configured maximum.
+pub const UNWIND_GROUP_CHUNKS: usize = 64;
+
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct UnwindRowChunk {

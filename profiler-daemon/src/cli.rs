@@ -56,7 +56,9 @@ pub struct SamplingArgs {
     /// Capacity of each user stack-trace map (distinct user stacks per drain).
     #[arg(long, default_value_t = maps::DEFAULT_USER_STACKS_ENTRIES, value_parser = clap::value_parser!(u32).range(1..=1 << 20))]
     pub user_stack_map_entries: u32,
-    /// Capacity of each kernel stack-trace map.
+    /// Capacity of each kernel stack-trace map at most: without --off-cpu
+    /// each gets 8 entries per sample a drain can hold (a power of two, at
+    /// least 1024), this its ceiling.
     #[arg(long, default_value_t = maps::DEFAULT_KERNEL_STACKS_ENTRIES, value_parser = clap::value_parser!(u32).range(1..=1 << 20))]
     pub kernel_stack_map_entries: u32,
     /// Descriptors held open for mapped files (so binaries stay readable
@@ -323,6 +325,7 @@ impl SamplingArgs {
         PipelineOptions {
             sampler: SamplerOptions {
                 frequency: self.frequency,
+                drain_interval: Duration::from_millis(self.drain_interval_ms),
                 map_sizes: MapSizes {
                     counts: self.counts_map_entries,
                     user_stacks: self.user_stack_map_entries,
@@ -351,7 +354,6 @@ impl SamplingArgs {
                 comms: self.alloc_trace_comms.clone(),
             },
             proc_root: self.proc_root(),
-            drain_interval: Duration::from_millis(self.drain_interval_ms),
             store,
             only_pids: Vec::new(),
             symbolizer: SymbolizerOptions {

@@ -91,7 +91,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         user_share_percent: args.store_user_share_percent,
     });
     // No drain for this long is a dead drain stage.
-    let stall_limit = (options.drain_interval * STALL_INTERVALS).max(STALL_MIN);
+    let stall_limit = (options.sampler.drain_interval * STALL_INTERVALS).max(STALL_MIN);
     let mut supervisor = Supervisor::new();
     // Every stage registers its metrics as it is built; serve encodes them.
     let mut telemetry = Telemetry::new();

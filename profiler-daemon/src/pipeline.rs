@@ -54,7 +54,6 @@ pub struct PipelineOptions {
     pub allocations: AllocationLimits,
     /// Processes whose allocations are traced while the daemon runs.
     pub alloc_targets: AllocTargets,
-    pub drain_interval: Duration,
     pub store: StoreConfig,
     /// When not empty, only these processes are symbolized and stored (the
     /// sampler still samples every CPU; the rest is dropped before the
@@ -161,6 +160,7 @@ impl Pipeline {
         let (mut sampler, drainer, events, unwind_maps) =
             Sampler::start(&options.sampler, &options.proc_root)?;
         let cpus = sampler.cpus();
+        let map_sizes = sampler.map_sizes();
         let kinds = sampler.kinds();
         let tracer = sampler
             .take_allocation_maps(options.sampler.alloc_sample_bytes, options.proc_root.clone())?
@@ -236,7 +236,7 @@ impl Pipeline {
                 }),
             )?);
         }
-        let (interval, unwind) = (options.drain_interval, unwind_tx.zip(unwind_stats));
+        let (interval, unwind) = (options.sampler.drain_interval, unwind_tx.zip(unwind_stats));
         let drain = (sampler, drainer, drain_rx, symbolize_tx, tracer);
         threads.push(spawn(
             "drain",
@@ -254,7 +254,7 @@ impl Pipeline {
             }),
         )?);
         StageFigures {
-            map_sizes: options.sampler.map_sizes,
+            map_sizes,
             watcher: watcher_stats,
             open_files,
             unwind: unwinding.stats,

@@ -7,6 +7,7 @@
 mod handles;
 mod limits;
 mod options;
+mod row_groups;
 mod setup;
 
 use aya::{
@@ -41,6 +42,8 @@ pub struct Sampler {
     ebpf: Ebpf,
     logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
     cpus: usize,
+    /// The maps' capacities as loaded.
+    map_sizes: MapSizes,
     /// The kinds of samples recorded: those of the programs attached.
     kinds: KindSet,
 }
@@ -108,6 +111,7 @@ impl Sampler {
             ebpf,
             logger,
             cpus,
+            map_sizes: plan.map_sizes,
             kinds: KindSet::produced_by(|source| match source {
                 Source::CpuClock => true,
                 Source::SchedSwitch => plan.off_cpu,
@@ -120,6 +124,11 @@ impl Sampler {
     /// Number of CPUs sampled.
     pub fn cpus(&self) -> usize {
         self.cpus
+    }
+
+    /// The maps' capacities as loaded (the configured ones are ceilings).
+    pub fn map_sizes(&self) -> MapSizes {
+        self.map_sizes
     }
 
     /// The kinds of samples recorded: off-CPU waits when asked for and

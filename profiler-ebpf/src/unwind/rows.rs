@@ -3,19 +3,26 @@
 //! chunks of rows.
 
 use aya_ebpf::{
-    macros::map,
+    btf_maps::{self, ArrayOfMaps},
+    macros::{btf_map, map},
     maps::{Array, PerCpuArray},
 };
 use profiler_common::{
-    MAX_UNWIND_MAPPINGS, UNWIND_ROWS_PER_CHUNK, UnwindEnd, UnwindProcess, UnwindRow, UnwindRowChunk,
-    UnwindTableRange, maps::*,
+    MAX_UNWIND_MAPPINGS, UNWIND_GROUP_CHUNKS, UNWIND_ROWS_PER_CHUNK, UnwindEnd, UnwindProcess, UnwindRow,
+    UnwindRowChunk, UnwindTableRange, maps::*,
 };
 
 use super::ROWS_READ_ONLY;
 use crate::walk::Walk;
 
-#[map]
-static UNWIND_ROWS: Array<UnwindRowChunk> = Array::with_max_entries(DEFAULT_UNWIND_ROW_CHUNKS, 0);
+/// The rows, a group of chunks per entry: the daemon creates a group's
+/// inner map when a table first needs it, so the rows' kernel memory
+/// follows what is loaded (see `UNWIND_GROUP_CHUNKS`).
+#[btf_map]
+static UNWIND_ROWS: ArrayOfMaps<
+    btf_maps::Array<UnwindRowChunk, UNWIND_GROUP_CHUNKS>,
+    { DEFAULT_UNWIND_ROW_GROUPS as usize },
+> = ArrayOfMaps::new();
 /// The first pc of each chunk of UNWIND_ROWS, for the first halvings.
 #[map]
 static UNWIND_CHUNK_PCS: Array<u32> = Array::with_max_entries(DEFAULT_UNWIND_ROW_CHUNKS, 0);
@@ -171,7 +178,10 @@ fn find_in_table(opaque_slot: &mut u64, first: u32, rows: u32, target: u32) -> R
             hi = mid;
         }
     }
-    let chunk = UNWIND_ROWS.get(lo).ok_or(UnwindEnd::TableNotLoaded)?;
+    const GROUP: u32 = UNWIND_GROUP_CHUNKS as u32;
+    let chunk = UNWIND_ROWS
+        .get_value(lo / GROUP, &(lo % GROUP))
+        .ok_or(UnwindEnd::TableNotLoaded)?;
     let base = lo * PER_CHUNK;
     let (mut lo, mut hi) = (0, end.saturating_sub(base).min(PER_CHUNK));
     // log2(rows per chunk) halvings finish the search.

@@ -6,18 +6,18 @@ use aya::{
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf, StackTraceMap},
 };
 use profiler_common::{
-    SampleKey, SampleValue, UnwindProcess, UnwindRowChunk, UnwindTableRange, UnwoundStack, maps,
-    python::PythonProcess,
+    SampleKey, SampleValue, UnwindProcess, UnwindTableRange, UnwoundStack, maps, python::PythonProcess,
 };
 
 use super::{
     super::drain::{UnwoundMaps, UserStackMaps},
     CollectError, Drainer,
+    row_groups::RowGroups,
 };
 
 /// The maps the daemon fills for the sampler's own walk (auto mode).
 pub struct UnwindMaps {
-    pub rows: Array<MapData, UnwindRowChunk>,
+    pub rows: RowGroups,
     /// The first pc of each chunk of `rows`.
     pub chunk_pcs: Array<MapData, u32>,
     pub tables: Array<MapData, UnwindTableRange>,
@@ -32,7 +32,7 @@ pub struct UnwindMaps {
 /// CPython frames).
 pub(super) fn take_unwind_maps(ebpf: &mut Ebpf, python: bool) -> Result<UnwindMaps, CollectError> {
     Ok(UnwindMaps {
-        rows: convert(ebpf, maps::UNWIND_ROWS)?,
+        rows: RowGroups::new(convert(ebpf, maps::UNWIND_ROWS)?),
         chunk_pcs: convert(ebpf, maps::UNWIND_CHUNK_PCS)?,
         tables: convert(ebpf, maps::UNWIND_TABLES)?,
         processes: convert(ebpf, maps::UNWIND_PROCESSES)?,

@@ -48,6 +48,8 @@ impl UnwindMode {
 pub struct SamplerOptions {
     /// Samples per second per CPU.
     pub frequency: u64,
+    /// How long the maps hold samples before a drain empties them.
+    pub drain_interval: std::time::Duration,
     pub map_sizes: MapSizes,
     pub unwind: UnwindMode,
     /// Kernel memory for the unwind tables' rows (auto mode), bytes.

@@ -2,11 +2,11 @@
 //! capacity for what this sampler turns on.
 
 use aya::EbpfLoader;
-use profiler_common::{UnwindRowChunk, globals, maps, unwind_mode};
+use profiler_common::{UNWIND_GROUP_CHUNKS, UnwindRowChunk, globals, maps, unwind_mode};
 
 use super::{
     super::{btf, clock::monotonic_now_ns},
-    SamplerOptions, UnwindMode,
+    MapSizes, SamplerOptions, UnwindMode,
 };
 
 /// What this sampler turns on: asked for, and possible on this kernel.
@@ -21,6 +21,8 @@ pub(super) struct Plan {
     /// One switch in N recorded.
     pub sample_every: u64,
     pub off_cpu_min_ns: u64,
+    /// The maps' capacities as loaded (the configured ones are ceilings).
+    pub map_sizes: MapSizes,
 }
 
 /// The offsets of task_struct's fields the programs read. Without BTF
@@ -93,12 +95,17 @@ pub(super) fn plan(options: &SamplerOptions, offsets: &btf::TaskOffsets) -> Plan
     if tables && options.python_frames && !python {
         tracing::warn!("Python frames need the kernel's BTF (task_struct.thread.fsbase): they are off");
     }
+    let off_cpu_on = off_cpu.enabled && offsets.pid != 0;
     Plan {
         tables,
-        off_cpu: off_cpu.enabled && offsets.pid != 0,
+        off_cpu: off_cpu_on,
         python,
         sample_every: off_cpu.sample_every.max(1),
         off_cpu_min_ns: off_cpu.min_ns,
+        map_sizes: MapSizes {
+            kernel_stacks: kernel_stack_entries(options, off_cpu_on),
+            ..options.map_sizes
+        },
     }
 }
 
@@ -136,7 +143,7 @@ pub(super) fn configure<'a>(
 /// The user-stack walk's maps: the kernel's stack traces (frame pointers)
 /// or the sampler's own unwound stacks and tables, and the kernel stacks.
 fn configure_walk(loader: &mut EbpfLoader, options: &SamplerOptions, plan: &Plan) {
-    let sizes = options.map_sizes;
+    let sizes = plan.map_sizes;
     for name in maps::COUNTS {
         loader.map_max_entries(name, sizes.counts);
     }
@@ -162,7 +169,10 @@ fn configure_walk(loader: &mut EbpfLoader, options: &SamplerOptions, plan: &Plan
     } else {
         1
     };
-    loader.map_max_entries(maps::UNWIND_ROWS, row_chunks);
+    // Whole groups: the outer array's entries are created as tables need them.
+    let group_chunks = UNWIND_GROUP_CHUNKS as u32;
+    let row_chunks = row_chunks.div_ceil(group_chunks) * group_chunks;
+    loader.map_max_entries(maps::UNWIND_ROWS, row_chunks / group_chunks);
     loader.map_max_entries(maps::UNWIND_CHUNK_PCS, row_chunks);
     if !plan.tables {
         loader.map_max_entries(maps::UNWIND_TABLES, 1);
@@ -181,4 +191,39 @@ fn configure_walk(loader: &mut EbpfLoader, options: &SamplerOptions, plan: &Plan
     for name in maps::KERNEL_STACKS {
         loader.map_max_entries(name, sizes.kernel_stacks);
     }
+}
+
+/// Buckets of a kernel stack-trace map per sample a drain can hold.
+const KERNEL_STACK_BUCKETS_PER_SAMPLE: u64 = 8;
+/// The fewest entries a kernel stack-trace map gets (1 MiB).
+const KERNEL_STACK_MIN_ENTRIES: u64 = 1024;
+
+/// Entries of each kernel stack-trace map: a stack-trace map is
+/// preallocated whole (about 1 KiB an entry) and refuses a stack whose
+/// bucket another holds (the sample then goes through the spill ring, which
+/// costs more), so it is sized from the samples a drain can hold, 8 buckets
+/// each (with every sample a different stack, at most one in 16 would
+/// collide), a power of two, at least 1,024, the configured entries its
+/// ceiling: 2,048 (2 MiB) at 99 Hz on 2 CPUs with 1 s drains, where a fixed
+/// 8,192 took 8 MiB. Off-CPU records a stack per recorded switch, which the
+/// frequency does not bound: the configured entries then.
+fn kernel_stack_entries(options: &SamplerOptions, off_cpu: bool) -> u32 {
+    let configured = options.map_sizes.kernel_stacks;
+    if off_cpu {
+        return configured;
+    }
+    let Ok(cpus) = aya::util::online_cpus() else {
+        return configured;
+    };
+    let drain_ms = u64::try_from(options.drain_interval.as_millis()).unwrap_or(u64::MAX);
+    let per_drain = options
+        .frequency
+        .saturating_mul(cpus.len() as u64)
+        .saturating_mul(drain_ms)
+        / 1000;
+    let wanted = per_drain
+        .saturating_mul(KERNEL_STACK_BUCKETS_PER_SAMPLE)
+        .clamp(KERNEL_STACK_MIN_ENTRIES, 1 << 31)
+        .next_power_of_two();
+    u32::try_from(wanted).unwrap_or(u32::MAX).min(configured)
 }

@@ -24,6 +24,7 @@ struct TablesSnapshot {
     compile_seconds: f64,
     rows: u64,
     bytes: u64,
+    bytes_allocated: u64,
     bytes_max: u64,
     processes: u64,
     inputs_dropped: u64,
@@ -43,6 +44,7 @@ impl TablesSnapshot {
             compile_seconds: stats.compile_ns.load(Relaxed) as f64 / 1e9,
             rows: stats.rows_loaded.load(Relaxed),
             bytes: stats.bytes_used(),
+            bytes_allocated: stats.bytes_allocated(),
             bytes_max: stats.bytes_max(),
             processes: stats.processes.load(Relaxed),
             inputs_dropped: stats.inputs_dropped.load(Relaxed),
@@ -139,8 +141,14 @@ fn encode_tables(out: &mut DescriptorEncoder, tables: &TablesSnapshot) -> fmt::R
     )?;
     gauge(
         out,
+        "unwind_table_bytes_allocated",
+        "Kernel memory of the unwind-table groups created so far (follows the largest load; kept once created)",
+        tables.bytes_allocated as i64,
+    )?;
+    gauge(
+        out,
         "unwind_table_bytes_max",
-        "Kernel memory reserved for unwind tables (unwind_table_memory_mb)",
+        "Kernel memory unwind tables may take at most (unwind_table_memory_mb)",
         tables.bytes_max as i64,
     )?;
     gauge(

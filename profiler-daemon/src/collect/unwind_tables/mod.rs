@@ -140,7 +140,7 @@ pub struct TableManager<C> {
 impl<C: TableCompiler> TableManager<C> {
     /// `user_share_percent`: each non-root user's share of the rows map.
     pub fn new(maps: UnwindMaps, compiler: C, user_share_percent: u64) -> Self {
-        let chunks = maps.rows.len();
+        let chunks = maps.rows.chunks().min(maps.chunk_pcs.len());
         let stats = Arc::new(UnwindStats::default());
         stats.chunks_total.store(u64::from(chunks), Ordering::Relaxed);
         Self {

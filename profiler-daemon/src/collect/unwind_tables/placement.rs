@@ -82,11 +82,12 @@ impl<C: TableCompiler> TableManager<C> {
             chunk.rows[..part.len()].copy_from_slice(part);
             chunk.rows[part.len()..].fill(UnwindRow::default());
             let at = first_chunk + index as u32;
-            let written = self
-                .maps
-                .rows
-                .set(at, &*chunk, 0)
-                .and_then(|()| self.maps.chunk_pcs.set(at, &part[0].pc, 0));
+            let written = self.maps.rows.write(at, &chunk).and_then(|created| {
+                if created {
+                    self.stats.groups_created.fetch_add(1, Ordering::Relaxed);
+                }
+                self.maps.chunk_pcs.set(at, &part[0].pc, 0)
+            });
             if let Err(err) = written {
                 self.stats.map_errors.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!("writing {}: {}", maps::UNWIND_ROWS, Chain(&err));

@@ -5,7 +5,7 @@ use std::sync::{
     atomic::{AtomicU64, Ordering},
 };
 
-use profiler_common::UnwindRowChunk;
+use profiler_common::{UNWIND_GROUP_CHUNKS, UnwindRowChunk};
 
 use super::charges::TableLosses;
 use crate::shares::Owner;
@@ -23,6 +23,9 @@ pub struct UnwindStats {
     pub rows_loaded: AtomicU64,
     pub chunks_used: AtomicU64,
     pub chunks_total: AtomicU64,
+    /// Groups of the rows map created (each `UNWIND_GROUP_CHUNKS` chunks;
+    /// kept once created).
+    pub groups_created: AtomicU64,
     pub processes: AtomicU64,
     /// Inputs dropped because the manager fell behind (those processes get
     /// frame-pointer stacks until their next snapshot).
@@ -55,6 +58,12 @@ impl UnwindStats {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .clone()
+    }
+
+    /// Kernel memory of the rows map's groups created so far.
+    pub fn bytes_allocated(&self) -> u64 {
+        self.groups_created.load(Ordering::Relaxed)
+            * (UNWIND_GROUP_CHUNKS * size_of::<UnwindRowChunk>()) as u64
     }
 
     pub fn bytes_max(&self) -> u64 {
