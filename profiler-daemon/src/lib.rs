@@ -37,6 +37,7 @@ pub mod python;
 pub mod record;
 pub mod serve;
 pub mod shares;
+pub mod stop;
 pub mod store;
 pub mod supervise;
 pub mod symbolize;

@@ -4,11 +4,7 @@
 //! threads; the store is a tokio task; they talk over channels only.
 
 use std::{
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-        mpsc,
-    },
+    sync::{Arc, mpsc},
     thread::JoinHandle,
     time::{Duration, Instant},
 };
@@ -36,7 +32,7 @@ use crate::{
     symbolize::{self, SymbolizeStatus, Symbolizer, worker::WorkerConfig},
     telemetry::{Live, Telemetry},
 };
-use crate::{kind::KindSet, procfs::ProcRoot};
+use crate::{kind::KindSet, procfs::ProcRoot, stop::Stop};
 
 mod threads;
 mod unwinding;
@@ -110,6 +106,8 @@ pub enum PipelineError {
     Collect(#[from] CollectError),
     #[error("starting a pipeline thread")]
     Thread(#[source] std::io::Error),
+    #[error("creating the pipeline's stop signal (an eventfd)")]
+    StopSignal(#[source] std::io::Error),
     #[error("the pipeline has stopped")]
     Stopped,
 }
@@ -190,7 +188,7 @@ impl Pipeline {
         // memory growing; the BPF maps then absorb (and count) the overflow.
         let (symbolize_tx, symbolize_rx) = mpsc::sync_channel::<SymbolizeInput>(64);
         let (drain_tx, drain_rx) = mpsc::channel();
-        let stop = Arc::new(AtomicBool::new(false));
+        let stop = Arc::new(Stop::new().map_err(PipelineError::StopSignal)?);
 
         let watcher = ProcessWatcher::new(
             events,
@@ -250,7 +248,7 @@ impl Pipeline {
                     unwind,
                     &status_tx,
                 );
-                stop.store(true, Ordering::Relaxed);
+                stop.set();
             }),
         )?);
         StageFigures {

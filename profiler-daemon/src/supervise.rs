@@ -113,7 +113,8 @@ impl Supervisor {
 
     /// Resolves with the first stage that ends unexpectedly, or that goes
     /// `stall_limit` without progress by `last_progress` (checked every
-    /// second; None means not yet, counted from now).
+    /// quarter of the limit, at least every second; None means not yet,
+    /// counted from now).
     pub async fn failure(
         &mut self,
         last_progress: impl Fn() -> Option<Instant>,
@@ -121,7 +122,9 @@ impl Supervisor {
         stall_limit: Duration,
     ) -> StageEnd {
         let started = Instant::now();
-        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        // A quarter of the limit: a stall is seen within 1.25 limits, and
+        // an idle daemon is not woken every second to look.
+        let mut tick = tokio::time::interval((stall_limit / 4).max(Duration::from_secs(1)));
         loop {
             tokio::select! {
                 end = self.ends.recv() => {

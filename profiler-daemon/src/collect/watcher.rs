@@ -6,7 +6,7 @@ use std::{
     os::fd::AsFd,
     sync::{
         Arc,
-        atomic::{AtomicBool, AtomicU64, Ordering},
+        atomic::{AtomicU64, Ordering},
     },
     time::{Duration, Instant},
 };
@@ -14,11 +14,12 @@ use std::{
 use aya::maps::{MapData, RingBuf};
 use nix::{
     errno::Errno,
-    poll::{PollFd, PollFlags, poll},
+    poll::{PollFd, PollFlags, PollTimeout, poll},
 };
 use profiler_common::{ProcessEvent, ProcessEventKind};
 
 use super::{ProcessSnapshot, process_snapshot::SnapshotReader};
+use crate::stop::Stop;
 
 /// What the watcher tells the symbolizer.
 #[derive(Debug)]
@@ -60,14 +61,22 @@ impl ProcessWatcher {
         }
     }
 
-    /// Runs until `stop` is set or `send` reports the receiver gone.
-    pub fn run(mut self, stop: &AtomicBool, mut send: impl FnMut(ProcessNotice) -> bool) {
-        while !stop.load(Ordering::Relaxed) {
-            // In ms; it bounds how late we see `stop`.
-            let timeout: u16 = self.second_looks.front().map_or(200, |(due, _)| {
-                due.saturating_duration_since(Instant::now()).as_millis().min(200) as u16
+    /// Runs until `stop` is set or `send` reports the receiver gone. Sleeps
+    /// until an event, a second look or stop is due.
+    pub fn run(mut self, stop: &Stop, mut send: impl FnMut(ProcessNotice) -> bool) {
+        while !stop.is_set() {
+            let timeout = self.second_looks.front().map_or(PollTimeout::NONE, |(due, _)| {
+                // Rounded up: a look due in 0.4 ms is not polled for 0 ms, again and again.
+                let wait_ms = due
+                    .saturating_duration_since(Instant::now())
+                    .as_micros()
+                    .div_ceil(1000);
+                PollTimeout::try_from(wait_ms).unwrap_or(PollTimeout::MAX)
             });
-            let mut pollfd = [PollFd::new(self.events.as_fd(), PollFlags::POLLIN)];
+            let mut pollfd = [
+                PollFd::new(self.events.as_fd(), PollFlags::POLLIN),
+                PollFd::new(stop.fd(), PollFlags::POLLIN),
+            ];
             match poll(&mut pollfd, timeout) {
                 Ok(_) => {}
                 Err(Errno::EINTR) => continue,

@@ -5,7 +5,7 @@
 use std::{
     sync::{
         Arc,
-        atomic::{AtomicBool, Ordering},
+        atomic::Ordering,
         mpsc::{self, RecvTimeoutError},
     },
     time::{Duration, Instant},
@@ -21,6 +21,7 @@ use crate::{
         unwind_tables::{SampledStacks, UnwindInput, UnwindStats},
     },
     error::Chain,
+    stop::Stop,
     store::StoreHandle,
     supervise,
     symbolize::Symbolizer,
@@ -212,7 +213,7 @@ pub(super) fn symbolize_loop(
 /// to the unwind tables' manager when there is one. Ends with the watcher.
 pub(super) fn watch_processes(
     watcher: ProcessWatcher,
-    stop: &AtomicBool,
+    stop: &Stop,
     out: &mpsc::SyncSender<SymbolizeInput>,
     unwind: Option<&(mpsc::SyncSender<UnwindInput>, Arc<UnwindStats>)>,
 ) {

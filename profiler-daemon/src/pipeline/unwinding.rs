@@ -2,7 +2,7 @@
 //! when the sampler walks with tables.
 
 use std::{
-    sync::{Arc, atomic::AtomicBool, mpsc},
+    sync::{Arc, mpsc},
     thread::JoinHandle,
 };
 
@@ -16,6 +16,7 @@ use crate::{
         detect::{Detected, DetectionStats},
         prefetch::{PrefetchStats, Prefetcher, PythonNews},
     },
+    stop::Stop,
     symbolize::worker::{WorkerClient, WorkerConfig, WorkerRole},
 };
 
@@ -42,7 +43,7 @@ pub(super) fn start_unwinding(
     mut maps: UnwindMaps,
     options: &PipelineOptions,
     news_tx: &mpsc::SyncSender<PythonNews>,
-    stop: &Arc<AtomicBool>,
+    stop: &Arc<Stop>,
     spawn: &Spawn,
     threads: &mut Vec<JoinHandle<()>>,
 ) -> Result<Unwinding, PipelineError> {

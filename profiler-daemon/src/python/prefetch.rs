@@ -17,7 +17,7 @@ use std::{
     os::fd::AsFd as _,
     sync::{
         Arc,
-        atomic::{AtomicBool, AtomicU64, Ordering},
+        atomic::{AtomicU64, Ordering},
         mpsc,
     },
     time::{Duration, Instant},
@@ -33,6 +33,7 @@ use super::{
     layout::Layout,
     reader::{Reader, ReaderMemory},
 };
+use crate::stop::Stop;
 
 pub const READS_PER_SECOND: u32 = 2000;
 pub const READS_PER_SECOND_PER_PROCESS: u32 = 500;
@@ -108,9 +109,9 @@ impl Prefetcher {
     }
 
     /// Serves until `stop` is set.
-    pub fn run(mut self, stop: &AtomicBool) {
-        while !stop.load(Ordering::Relaxed) {
-            self.wait(Duration::from_millis(100));
+    pub fn run(mut self, stop: &Stop) {
+        while !stop.is_set() {
+            self.wait(stop);
             self.take_found();
             if self.second.elapsed() >= Duration::from_secs(1) {
                 self.new_second();
@@ -124,11 +125,16 @@ impl Prefetcher {
         }
     }
 
-    /// Waits for the ring to have something, at most `timeout`.
-    fn wait(&self, timeout: Duration) {
-        let timeout = PollTimeout::try_from(timeout).unwrap_or(PollTimeout::MAX);
+    /// Sleeps until the ring has something (it wakes its reader) or stop
+    /// is set. The processes found meanwhile are taken on waking: the
+    /// sampler announces a process's code objects only once it is found.
+    fn wait(&self, stop: &Stop) {
+        let mut fds = [
+            PollFd::new(self.ring.as_fd(), PollFlags::POLLIN),
+            PollFd::new(stop.fd(), PollFlags::POLLIN),
+        ];
         // An error (EINTR) is only an earlier look at the ring.
-        let _ = poll(&mut [PollFd::new(self.ring.as_fd(), PollFlags::POLLIN)], timeout);
+        let _ = poll(&mut fds, PollTimeout::NONE);
     }
 
     fn take_found(&mut self) {
