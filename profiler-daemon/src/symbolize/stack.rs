@@ -66,15 +66,22 @@ pub struct Location {
 }
 
 /// Hashes what equal locations share and what tells most apart cheaply:
-/// the kind and the sampled address, not the names (equality still
-/// compares everything). The store interns every sampled stack by content
-/// at every drain: hashing each frame's function, file and mapping names
-/// was a fifth of the daemon's CPU with two busy CPUs. Two locations at the
-/// same address in different files collide, and equality tells them apart.
+/// the kind, the sampled address and the line numbers, not the names
+/// (equality still compares everything). The store interns every sampled
+/// stack by content at every drain: hashing each frame's function, file and
+/// mapping names was a fifth of the daemon's CPU with two busy CPUs. The
+/// line numbers matter for Python frames, whose address is their code
+/// object's whatever the line: without them, every stack of one function's
+/// lines would share a hash. Two locations at the same address in different
+/// files collide, and equality tells them apart.
 impl std::hash::Hash for Location {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
         self.kind.hash(state);
         self.address.hash(state);
+        state.write_usize(self.lines.len());
+        for line in self.lines.iter() {
+            state.write_u32(line.line);
+        }
     }
 }
 

@@ -43,7 +43,8 @@ const MAX_MAPS_BYTES: u64 = 16 << 20;
 const MAX_FILES: usize = 8;
 /// No file is asked about once this long has gone on one process: the
 /// worker may take its deadline on each file the process's owner crafted,
-/// and this runs on the drain thread (its watchdog ends the daemon at 30 s).
+/// and this runs on the drain thread (its watchdog ends the daemon once it
+/// has not drained for 30 s, seen within a quarter of that).
 const MAX_SEARCH: std::time::Duration = std::time::Duration::from_secs(8);
 /// Library names (before `.so`) whose allocator entry points are probed.
 const ALLOCATOR_LIBRARIES: [&str; 5] = [

@@ -13,6 +13,7 @@ use profiler_common::{UNWIND_GROUP_CHUNKS, UnwindRowChunk};
 
 /// One group: an inner map of the rows map.
 type Group = Array<MapData, UnwindRowChunk>;
+const PER_GROUP: u32 = UNWIND_GROUP_CHUNKS as u32;
 
 pub struct RowGroups {
     outer: ArrayOfMaps<MapData, Group>,
@@ -31,28 +32,44 @@ impl RowGroups {
         u32::try_from(self.groups.len() * UNWIND_GROUP_CHUNKS).unwrap_or(u32::MAX)
     }
 
-    /// Writes `chunk` at chunk index `at`, creating its group first if it
-    /// does not exist yet: true when it created one.
-    pub fn write(&mut self, at: u32, chunk: &UnwindRowChunk) -> Result<bool, MapError> {
-        const PER_GROUP: u32 = UNWIND_GROUP_CHUNKS as u32;
-        let (group, index) = (at / PER_GROUP, at % PER_GROUP);
-        let slot = self.groups.get_mut(group as usize).ok_or(MapError::OutOfBounds {
-            index: group,
-            max_entries: self.outer.len(),
-        })?;
-        let created = slot.is_none();
-        let inner = match slot {
-            Some(inner) => inner,
-            None => {
-                let group_map = Group::create(PER_GROUP, 0)?;
-                // The sampler reads the group through the outer map from
-                // now on; its chunks are written before any table range
-                // points at them.
-                self.outer.set(group, &group_map, 0)?;
-                slot.insert(group_map)
+    /// Creates the groups of chunks `first..first + count` that do not
+    /// exist yet; returns how many it created. Creating one can fail at run
+    /// time (the kernel charges BPF memory to the daemon's cgroup): the
+    /// groups created before the failure stay.
+    pub fn ensure(&mut self, first: u32, count: u32) -> Result<u32, MapError> {
+        let mut created = 0;
+        if count == 0 {
+            return Ok(created);
+        }
+        let last = first.saturating_add(count - 1);
+        for group in first / PER_GROUP..=last / PER_GROUP {
+            let slot = self.groups.get_mut(group as usize).ok_or(MapError::OutOfBounds {
+                index: group,
+                max_entries: self.outer.len(),
+            })?;
+            if slot.is_some() {
+                continue;
             }
-        };
-        inner.set(index, chunk, 0)?;
+            let group_map = Group::create(PER_GROUP, 0)?;
+            // The sampler reads the group through the outer map from now
+            // on; only chunks of tables placed in it later are read, after
+            // they are written.
+            self.outer.set(group, &group_map, 0)?;
+            *slot = Some(group_map);
+            created += 1;
+        }
         Ok(created)
+    }
+
+    /// Writes `chunk` at chunk index `at`, whose group [`Self::ensure`]
+    /// created.
+    pub fn write(&mut self, at: u32, chunk: &UnwindRowChunk) -> Result<(), MapError> {
+        match self.groups.get_mut((at / PER_GROUP) as usize) {
+            Some(Some(group)) => group.set(at % PER_GROUP, chunk, 0),
+            _ => Err(MapError::OutOfBounds {
+                index: at,
+                max_entries: self.chunks(),
+            }),
+        }
     }
 }

@@ -75,6 +75,21 @@ impl<C: TableCompiler> TableManager<C> {
                 return TableState::Evicted { at: Instant::now() };
             }
         };
+        match self.maps.rows.ensure(first_chunk, chunks) {
+            Ok(created) => {
+                self.stats
+                    .groups_created
+                    .fetch_add(u64::from(created), Ordering::Relaxed);
+            }
+            Err(err) => {
+                // Out of memory for a group now (the daemon's cgroup, say):
+                // tried again after the reload pause, not never again.
+                self.stats.map_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(path, "creating room for an unwind table: {}", Chain(&err));
+                self.space.release(first_chunk, chunks);
+                return TableState::Evicted { at: Instant::now() };
+            }
+        }
         let mut chunk = Box::new(UnwindRowChunk {
             rows: [UnwindRow::default(); UNWIND_ROWS_PER_CHUNK],
         });
@@ -82,12 +97,11 @@ impl<C: TableCompiler> TableManager<C> {
             chunk.rows[..part.len()].copy_from_slice(part);
             chunk.rows[part.len()..].fill(UnwindRow::default());
             let at = first_chunk + index as u32;
-            let written = self.maps.rows.write(at, &chunk).and_then(|created| {
-                if created {
-                    self.stats.groups_created.fetch_add(1, Ordering::Relaxed);
-                }
-                self.maps.chunk_pcs.set(at, &part[0].pc, 0)
-            });
+            let written = self
+                .maps
+                .rows
+                .write(at, &chunk)
+                .and_then(|()| self.maps.chunk_pcs.set(at, &part[0].pc, 0));
             if let Err(err) = written {
                 self.stats.map_errors.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!("writing {}: {}", maps::UNWIND_ROWS, Chain(&err));
