@@ -1,7 +1,9 @@
 //! The daemon's kernel memory follows the load (issue 28): with default
 //! settings and a workload whose unwind tables are loaded, its BPF maps
-//! lock at most 32 MiB, as the kernel reports them for the daemon's own
-//! descriptors (/proc/PID/fdinfo: `memlock`, `map_type`, `max_entries`).
+//! lock at most 32 MiB, as the kernel reports them: the daemon's own
+//! descriptors (/proc/PID/fdinfo: `memlock`, `map_type`, `max_entries`),
+//! and the rows map's groups, which only that map holds (bpftool: the
+//! inner map ids of its dump, each one's `bytes_memlock`).
 //! The unwind rows are groups created as tables are placed, and the
 //! preallocated kernel stack-trace maps are sized from the samples a drain
 //! can hold, the configured entries their ceiling.
@@ -19,8 +21,71 @@ use profilerd_tests::{
 
 /// BPF_MAP_TYPE_STACK_TRACE.
 const STACK_TRACE: u32 = 7;
+/// BPF_MAP_TYPE_ARRAY_OF_MAPS: the unwind rows, whose groups (inner maps)
+/// the daemon holds no descriptor of.
+const ARRAY_OF_MAPS: u32 = 12;
 /// The configured default of `kernel_stack_map_entries`.
 const KERNEL_STACKS_CEILING: u64 = 8192;
+
+/// `bpftool --json ARGS`.
+fn bpftool(args: &[&str]) -> serde_json::Value {
+    let output = std::process::Command::new("bpftool")
+        .arg("--json")
+        .args(args)
+        .output()
+        .expect("running bpftool (scripts/setup.sh installs it)");
+    assert!(
+        output.status.success(),
+        "bpftool {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("bpftool's JSON")
+}
+
+/// The inner map ids in bpftool's dump of a map of maps: each entry's
+/// value is the id (`inner_map_id` in newer bpftool; the value's four bytes,
+/// little-endian, in bpftool 7.1).
+fn inner_map_ids(dump: &serde_json::Value) -> Vec<u64> {
+    let entries = dump
+        .as_array()
+        .unwrap_or_else(|| panic!("a dump is an array: {dump}"));
+    entries
+        .iter()
+        .map(|entry| {
+            if let Some(id) = entry["inner_map_id"].as_u64() {
+                return id;
+            }
+            let bytes: Vec<u8> = entry["value"]
+                .as_array()
+                .unwrap_or_else(|| panic!("an entry without a value: {entry}"))
+                .iter()
+                .map(|byte| {
+                    let hex = byte.as_str().and_then(|byte| byte.strip_prefix("0x"));
+                    hex.and_then(|hex| u8::from_str_radix(hex, 16).ok())
+                        .unwrap_or_else(|| panic!("a value byte: {byte}"))
+                })
+                .collect();
+            let bytes: [u8; 4] = bytes
+                .try_into()
+                .unwrap_or_else(|bytes| panic!("a map id is 4 bytes: {bytes:?}"));
+            u64::from(u32::from_le_bytes(bytes))
+        })
+        .collect()
+}
+
+/// The memlock of the inner maps of map `id`, as the kernel reports them.
+fn inner_maps_memlock(id: u64) -> (usize, u64) {
+    let ids = inner_map_ids(&bpftool(&["map", "dump", "id", &id.to_string()]));
+    let memlock = ids
+        .iter()
+        .map(|inner| {
+            bpftool(&["map", "show", "id", &inner.to_string()])["bytes_memlock"]
+                .as_u64()
+                .unwrap_or_else(|| panic!("no bytes_memlock for inner map {inner}"))
+        })
+        .sum();
+    (ids.len(), memlock)
+}
 
 /// One map the daemon holds a descriptor for.
 #[derive(Debug)]
@@ -115,9 +180,22 @@ fn the_maps_follow_the_load_within_32_mib() {
     );
 
     let maps = held_maps(daemon.pid());
-    let total: u64 = maps.values().map(|map| map.memlock).sum();
+    let rows: Vec<u64> = maps
+        .iter()
+        .filter(|(_, map)| map.map_type == ARRAY_OF_MAPS)
+        .map(|(id, _)| *id)
+        .collect();
+    assert_eq!(rows.len(), 1, "one map of maps (the unwind rows): {maps:?}");
+    let (groups, groups_memlock) = inner_maps_memlock(rows[0]);
+    eprintln!("{groups} groups lock {groups_memlock} bytes; the daemon reports {allocated} bytes of groups");
+    assert!(groups > 0, "the rows map holds groups once tables are loaded");
+    assert!(
+        groups_memlock >= allocated,
+        "the groups lock what the daemon says they hold: {groups_memlock} < {allocated}"
+    );
+    let total: u64 = maps.values().map(|map| map.memlock).sum::<u64>() + groups_memlock;
     eprintln!(
-        "{} maps lock {:.2} MiB; the largest: {:?}",
+        "{} maps and {groups} groups lock {:.2} MiB; the largest held: {:?}",
         maps.len(),
         total as f64 / f64::from(1 << 20),
         {
