@@ -25,6 +25,9 @@ const ATTACK_CONNECTIONS: usize = 20_000;
 /// HTTP sockets beyond the limit: the listener and the connection being
 /// admitted while the longest-idle one closes (README, "Connections").
 const SOCKET_MARGIN: usize = 2;
+/// The unwind rows' groups at the default unwind_table_memory_mb (64 MiB,
+/// a group per MiB).
+const UNWIND_GROUPS: usize = 64;
 /// RSS the attack may add, MiB: README, "Connections".
 const RSS_MARGIN_MIB: u64 = 32;
 
@@ -131,13 +134,23 @@ fn twenty_thousand_idle_connections_neither_exhaust_the_daemon_nor_block_scrapes
             before.sockets
         );
         // Files held for symbolization are bounded on their own (and the
-        // daemon samples every process on the machine, not only the test's):
-        // all other descriptors may grow by the connections only.
+        // daemon samples every process on the machine, not only the test's),
+        // and so are the unwind rows' groups, created as the tables of the
+        // attacker's processes load (a map each, per MiB of tables, at most
+        // the default unwind_table_memory_mb's 64): all other descriptors
+        // may grow by the connections only.
         assert!(
-            now.fds - now.files <= before.fds - before.files + MAX_CONNECTIONS + SOCKET_MARGIN,
-            "the daemon holds {} descriptors other than files under attack, {} before: {now:?}",
-            now.fds - now.files,
-            before.fds - before.files
+            now.bpf_maps <= before.bpf_maps + UNWIND_GROUPS,
+            "the daemon holds {} BPF maps under attack, {} before: {now:?}",
+            now.bpf_maps,
+            before.bpf_maps
+        );
+        let others = |resources: &Resources| resources.fds - resources.files - resources.bpf_maps;
+        assert!(
+            others(&now) <= others(&before) + MAX_CONNECTIONS + SOCKET_MARGIN,
+            "the daemon holds {} descriptors other than files and BPF maps under attack, {} before: {now:?}",
+            others(&now),
+            others(&before)
         );
         let latency = scrape_hot_function(
             &daemon,
@@ -259,6 +272,8 @@ struct Resources {
     sockets: usize,
     /// Regular files (the mapped files of sampled processes).
     files: usize,
+    /// BPF maps (the unwind rows' groups among them, created as tables load).
+    bpf_maps: usize,
     rss_kib: u64,
     /// The heap's share of it (the rest is mostly files mapped to symbolize).
     rss_anon_kib: u64,
@@ -287,6 +302,10 @@ impl Resources {
             .filter(|target| target.starts_with("socket:"))
             .count();
         let files = targets.iter().filter(|target| target.starts_with('/')).count();
+        let bpf_maps = targets
+            .iter()
+            .filter(|target| *target == "anon_inode:bpf-map")
+            .count();
         let kib = |field: &str| {
             status
                 .lines()
@@ -298,6 +317,7 @@ impl Resources {
             fds: entries.len(),
             sockets,
             files,
+            bpf_maps,
             rss_kib: kib("VmRSS:"),
             rss_anon_kib: kib("RssAnon:"),
         }
@@ -308,6 +328,7 @@ impl Resources {
             fds: self.fds.max(other.fds),
             sockets: self.sockets.max(other.sockets),
             files: self.files.max(other.files),
+            bpf_maps: self.bpf_maps.max(other.bpf_maps),
             rss_kib: self.rss_kib.max(other.rss_kib),
             rss_anon_kib: self.rss_anon_kib.max(other.rss_anon_kib),
         }

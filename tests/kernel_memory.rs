@@ -15,6 +15,7 @@ use std::{
 
 use profilerd_tests::{
     Workload,
+    allocations::bpftool,
     daemon::{Daemon, metric},
     serial,
 };
@@ -26,21 +27,6 @@ const STACK_TRACE: u32 = 7;
 const ARRAY_OF_MAPS: u32 = 12;
 /// The configured default of `kernel_stack_map_entries`.
 const KERNEL_STACKS_CEILING: u64 = 8192;
-
-/// `bpftool --json ARGS`.
-fn bpftool(args: &[&str]) -> serde_json::Value {
-    let output = std::process::Command::new("bpftool")
-        .arg("--json")
-        .args(args)
-        .output()
-        .expect("running bpftool (scripts/setup.sh installs it)");
-    assert!(
-        output.status.success(),
-        "bpftool {args:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_slice(&output.stdout).expect("bpftool's JSON")
-}
 
 /// The inner map ids in bpftool's dump of a map of maps: each entry's
 /// value is the id (`inner_map_id` in newer bpftool; the value's four bytes,
@@ -74,7 +60,7 @@ fn inner_map_ids(dump: &serde_json::Value) -> Vec<u64> {
 }
 
 /// The memlock of the inner maps of map `id`, as the kernel reports them.
-fn inner_maps_memlock(id: u64) -> (usize, u64) {
+fn inner_maps_memlock(id: u64) -> (Vec<u64>, u64) {
     let ids = inner_map_ids(&bpftool(&["map", "dump", "id", &id.to_string()]));
     let memlock = ids
         .iter()
@@ -84,7 +70,7 @@ fn inner_maps_memlock(id: u64) -> (usize, u64) {
                 .unwrap_or_else(|| panic!("no bytes_memlock for inner map {inner}"))
         })
         .sum();
-    (ids.len(), memlock)
+    (ids, memlock)
 }
 
 /// One map the daemon holds a descriptor for.
@@ -186,14 +172,21 @@ fn the_maps_follow_the_load_within_32_mib() {
         .map(|(id, _)| *id)
         .collect();
     assert_eq!(rows.len(), 1, "one map of maps (the unwind rows): {maps:?}");
-    let (groups, groups_memlock) = inner_maps_memlock(rows[0]);
+    let (group_ids, groups_memlock) = inner_maps_memlock(rows[0]);
+    let groups = group_ids.len();
     eprintln!("{groups} groups lock {groups_memlock} bytes; the daemon reports {allocated} bytes of groups");
     assert!(groups > 0, "the rows map holds groups once tables are loaded");
     assert!(
         groups_memlock >= allocated,
         "the groups lock what the daemon says they hold: {groups_memlock} < {allocated}"
     );
-    let total: u64 = maps.values().map(|map| map.memlock).sum::<u64>() + groups_memlock;
+    // The daemon holds the groups too (fdinfo): counted once, from bpftool.
+    let held: u64 = maps
+        .iter()
+        .filter(|(id, _)| !group_ids.contains(id))
+        .map(|(_, map)| map.memlock)
+        .sum();
+    let total = held + groups_memlock;
     eprintln!(
         "{} maps and {groups} groups lock {:.2} MiB; the largest held: {:?}",
         maps.len(),

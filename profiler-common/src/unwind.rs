@@ -80,9 +80,12 @@ impl UnwindRow {
 pub const UNWIND_ROWS_PER_CHUNK: usize = 512;
 
 /// Chunks per group: the rows map is an array of groups (inner maps of
-/// 256 KiB), created as tables need them, so its kernel memory follows the
-/// tables loaded rather than the configured maximum.
-pub const UNWIND_GROUP_CHUNKS: usize = 64;
+/// 1 MiB), created as tables need them, so its kernel memory follows the
+/// tables loaded rather than the configured maximum. The daemon holds a
+/// descriptor per group (writing to a group through its id needs
+/// CAP_SYS_ADMIN, which the service does not have): 1 MiB keeps them to
+/// one per MiB of `unwind_table_memory_mb` (64 at the default).
+pub const UNWIND_GROUP_CHUNKS: usize = 256;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]

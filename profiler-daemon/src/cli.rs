@@ -78,7 +78,7 @@ pub struct SamplingArgs {
     #[arg(long, value_enum, default_value_t = UnwindMode::Auto)]
     pub unwind: UnwindMode,
     /// Kernel memory for the unwind tables (`--unwind auto`) at most, in
-    /// MiB, allocated in groups of 256 KiB as tables are loaded; past it the
+    /// MiB, allocated in groups of 1 MiB as tables are loaded; past it the
     /// least recently sampled files' tables are evicted.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub unwind_table_memory_mb: u64,

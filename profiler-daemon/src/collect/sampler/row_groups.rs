@@ -17,29 +17,19 @@ const PER_GROUP: u32 = UNWIND_GROUP_CHUNKS as u32;
 
 pub struct RowGroups {
     outer: ArrayOfMaps<MapData, Group>,
-    /// Index: group number; true once created. The daemon keeps no
-    /// descriptor of a group (the outer map holds it): up to 256 of them
-    /// (16,384 at the largest `unwind_table_memory_mb`) would count against
-    /// the descriptors kept for connections and mapped files.
-    created: Vec<bool>,
-    /// The group written to last, open while a table's chunks are written
-    /// ([`Self::close`] ends it).
-    open: Option<(u32, Group)>,
+    /// Index: group number. `None` until a table needs it.
+    groups: Vec<Option<Group>>,
 }
 
 impl RowGroups {
     pub fn new(outer: ArrayOfMaps<MapData, Group>) -> Self {
-        let created = vec![false; outer.len() as usize];
-        Self {
-            outer,
-            created,
-            open: None,
-        }
+        let groups = (0..outer.len()).map(|_| None).collect();
+        Self { outer, groups }
     }
 
     /// Chunks the groups can hold when all exist.
     pub fn chunks(&self) -> u32 {
-        u32::try_from(self.created.len() * UNWIND_GROUP_CHUNKS).unwrap_or(u32::MAX)
+        u32::try_from(self.groups.len() * UNWIND_GROUP_CHUNKS).unwrap_or(u32::MAX)
     }
 
     /// Creates the groups of chunks `first..first + count` that do not
@@ -53,14 +43,11 @@ impl RowGroups {
         }
         let last = first.saturating_add(count - 1);
         for group in first / PER_GROUP..=last / PER_GROUP {
-            let exists = self
-                .created
-                .get_mut(group as usize)
-                .ok_or(MapError::OutOfBounds {
-                    index: group,
-                    max_entries: self.outer.len(),
-                })?;
-            if *exists {
+            let slot = self.groups.get_mut(group as usize).ok_or(MapError::OutOfBounds {
+                index: group,
+                max_entries: self.outer.len(),
+            })?;
+            if slot.is_some() {
                 continue;
             }
             let group_map = Group::create(PER_GROUP, 0)?;
@@ -68,29 +55,21 @@ impl RowGroups {
             // on; only chunks of tables placed in it later are read, after
             // they are written.
             self.outer.set(group, &group_map, 0)?;
-            *exists = true;
+            *slot = Some(group_map);
             created += 1;
-            self.open = Some((group, group_map));
         }
         Ok(created)
     }
 
     /// Writes `chunk` at chunk index `at`, whose group [`Self::ensure`]
-    /// created (opened again from the outer map when it is not the one
-    /// open).
+    /// created.
     pub fn write(&mut self, at: u32, chunk: &UnwindRowChunk) -> Result<(), MapError> {
-        let group = at / PER_GROUP;
-        let mut group_map = match self.open.take() {
-            Some((open, group_map)) if open == group => group_map,
-            _ => self.outer.get(&group, 0)?,
-        };
-        let written = group_map.set(at % PER_GROUP, chunk, 0);
-        self.open = Some((group, group_map));
-        written
-    }
-
-    /// Closes the group open for writing.
-    pub fn close(&mut self) {
-        self.open = None;
+        match self.groups.get_mut((at / PER_GROUP) as usize) {
+            Some(Some(group)) => group.set(at % PER_GROUP, chunk, 0),
+            _ => Err(MapError::OutOfBounds {
+                index: at,
+                max_entries: self.chunks(),
+            }),
+        }
     }
 }

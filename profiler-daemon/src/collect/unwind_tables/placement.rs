@@ -84,7 +84,6 @@ impl<C: TableCompiler> TableManager<C> {
             Err(err) => {
                 // Out of memory for a group now (the daemon's cgroup, say):
                 // tried again after the reload pause, not never again.
-                self.maps.rows.close();
                 self.stats.map_errors.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(path, "creating room for an unwind table: {}", Chain(&err));
                 self.space.release(first_chunk, chunks);
@@ -104,14 +103,12 @@ impl<C: TableCompiler> TableManager<C> {
                 .write(at, &chunk)
                 .and_then(|()| self.maps.chunk_pcs.set(at, &part[0].pc, 0));
             if let Err(err) = written {
-                self.maps.rows.close();
                 self.stats.map_errors.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!("writing {}: {}", maps::UNWIND_ROWS, Chain(&err));
                 self.space.release(first_chunk, chunks);
                 return TableState::Unavailable;
             }
         }
-        self.maps.rows.close();
         self.stats
             .chunks_used
             .fetch_add(u64::from(chunks), Ordering::Relaxed);
