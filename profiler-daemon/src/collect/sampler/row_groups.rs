@@ -17,7 +17,11 @@ const PER_GROUP: u32 = UNWIND_GROUP_CHUNKS as u32;
 
 pub struct RowGroups {
     outer: ArrayOfMaps<MapData, Group>,
-    /// Index: group number. `None` until a table needs it.
+    /// Index: group number. `None` until a table needs it. Each created
+    /// group's descriptor is kept: opening it again from the outer map
+    /// (`bpf_map_get_fd_by_id`) needs CAP_SYS_ADMIN, which the hardened unit
+    /// does not grant. One per MiB of tables loaded: 64 at the default
+    /// `unwind_table_memory_mb`, 4,096 at its largest.
     groups: Vec<Option<Group>>,
 }
 
