@@ -20,6 +20,10 @@ use profilerd_tests::{
 };
 
 const SPLIT: &str = env!("WORKLOAD_SPLIT");
+/// The workload's name in these tests (a link to the split workload): the
+/// suite's other lane runs `split` processes of its own at the same time,
+/// and Parca's series are found by name.
+const NAME: &str = "parca_split";
 /// The CPU profile type, as Parca names what both paths store.
 const CPU: &str = "process_cpu:samples:count:cpu:nanoseconds:delta";
 /// Parca reports samples as samples × period: 1e9 / 99 Hz.
@@ -96,13 +100,13 @@ fn parca_scrapes_the_go_endpoint_and_sees_the_same_shares_as_top() {
     );
     let parca = Parca::start("scrape", &scrape);
     let started = now_ms();
-    let workload = Workload::spawn(SPLIT, &["16"]);
+    let workload = Workload::spawn_as(SPLIT, NAME, &["16"]);
     let pid = workload.pid();
     workload.wait();
     // The scrape in flight when the workload ended, and the one after.
     std::thread::sleep(Duration::from_secs(11));
     let ended = now_ms();
-    let query = format!("{CPU}{{job=\"profilerd\",comm=\"split\"}}");
+    let query = format!("{CPU}{{job=\"profilerd\",comm=\"{NAME}\"}}");
     let scrapes = parca.profiles(&format!("{CPU}{{job=\"profilerd\"}}"), started, ended);
     assert!(
         scrapes.len() >= 3,
@@ -137,7 +141,7 @@ fn pushed_windows_reach_parca_under_the_expected_labels_with_the_same_shares() {
         "--off-cpu",
     ]);
     let started = now_ms();
-    let workload = Workload::spawn(SPLIT, &["10"]);
+    let workload = Workload::spawn_as(SPLIT, NAME, &["10"]);
     workload.wait();
     let workload_ended = now_ms();
     let host = hostname();
@@ -157,7 +161,7 @@ fn pushed_windows_reach_parca_under_the_expected_labels_with_the_same_shares() {
         },
     );
     let ended = now_ms();
-    let series = format!("{CPU}{{service_name=\"split\",hostname=\"{host}\",env=\"fleet-test\"}}");
+    let series = format!("{CPU}{{service_name=\"{NAME}\",hostname=\"{host}\",env=\"fleet-test\"}}");
     let windows = parca.profiles(&series, started, ended);
     assert!(
         windows.len() >= 4,
@@ -171,7 +175,7 @@ fn pushed_windows_reach_parca_under_the_expected_labels_with_the_same_shares() {
         let start = exact_start(&daemon, floor_ms, duration_ms).unwrap_or_else(|| {
             panic!("no drain of profilerd's starts a {duration_ms} ms window in the second at {floor_ms}")
         });
-        let (own, _) = own_top(&daemon, "&comm=split", start, start + duration_ms);
+        let (own, _) = own_top(&daemon, &format!("&comm={NAME}"), start, start + duration_ms);
         for (function, samples) in own {
             *ours.entry(function).or_insert(0) += samples;
         }

@@ -25,9 +25,18 @@ use profilerd_tests::{
 const SPLIT: &str = env!("WORKLOAD_SPLIT");
 const TOKEN: &str = "pyroscope-test-token";
 const TENANT: &str = "tenant-1";
-/// Pushes answered in all: the first refused for a while (503), then
-/// accepted, one refused for good (400), accepted again.
+/// Pushes answered at least: the first refused for a while (503), then
+/// accepted, one refused for good (400), accepted again; then more until
+/// they span `WINDOWS` windows. A window is one request per service, so
+/// how many a window takes depends on what else the machine runs (the
+/// suite's other lane starts systemd units by the dozen).
 const PUSHES: usize = 40;
+const WINDOWS: usize = 3;
+/// Gives up waiting for `WINDOWS` windows after this many pushes.
+const MAX_PUSHES: usize = 1000;
+/// The workload's name (a link to the split workload): the suite's other
+/// lane runs `split` processes of its own at the same time.
+const NAME: &str = "pyroscope_split";
 const UNAVAILABLE_AT: usize = 0;
 const INVALID_AT: usize = 4;
 /// Pyroscope's ingestion window (reject_older_than, reject_newer_than).
@@ -45,7 +54,7 @@ struct Push {
 #[test]
 fn pushes_follow_the_pyroscope_push_api() {
     let _serial = serial();
-    let workload = Workload::spawn(SPLIT, &["120"]);
+    let workload = Workload::spawn_as(SPLIT, NAME, &["120"]);
     let capture = CaptureServer::start();
     let scratch = std::env::temp_dir().join(format!("profilerd-pyroscope-{}", std::process::id()));
     std::fs::create_dir_all(&scratch).expect("creating the test's directory");
@@ -68,10 +77,16 @@ fn pushes_follow_the_pyroscope_push_api() {
 
     let mut pushes: Vec<Push> = Vec::new();
     let mut metrics = String::new();
-    for index in 0..PUSHES {
+    let mut starts: Vec<i64> = Vec::new();
+    for index in 0.. {
         let exchange = capture.next(Duration::from_secs(30));
         let at_nanos = unix_nanos();
-        if index == PUSHES - 1 {
+        let start = window_start(&exchange.request.body);
+        if !starts.contains(&start) {
+            starts.push(start);
+        }
+        let last = (index + 1 >= PUSHES && starts.len() >= WINDOWS) || index + 1 == MAX_PUSHES;
+        if last {
             // The sender sends one window at a time: every push before this
             // one has been counted.
             metrics = daemon.get("/metrics").text();
@@ -91,6 +106,9 @@ fn pushes_follow_the_pyroscope_push_api() {
             at_nanos,
         });
         exchange.reply(reply);
+        if last {
+            break;
+        }
     }
     // The daemon's last window at its stop finds no server.
     drop(capture);
@@ -104,8 +122,19 @@ fn pushes_follow_the_pyroscope_push_api() {
     check_retries(&pushes);
     let windows = check_windows(&pushes, &scratch);
     check_split_share(&windows);
-    check_metrics(&metrics, &target, PUSHES - 1);
+    check_metrics(&metrics, &target, pushes.len() - 1);
     let _ = std::fs::remove_dir_all(&scratch);
+}
+
+/// The start (Unix ns) of the window a push carries.
+fn window_start(body: &[u8]) -> i64 {
+    let request = decode_push_request(body);
+    let sample = request
+        .series
+        .first()
+        .and_then(|series| series.samples.first())
+        .expect("a push with a profile");
+    check_pprof(&gunzip_profile(&sample.raw_profile)).time_nanos
 }
 
 fn error(status: u16, code: &str, message: &str) -> Reply {
@@ -283,7 +312,7 @@ fn check_windows(pushes: &[Push], scratch: &Path) -> Vec<Window> {
                     "push {index}: service {service} of window {times:?} came twice"
                 );
                 window.services.push(service.clone());
-                if service == "split" {
+                if service == NAME {
                     window.split = raw;
                 }
             }
@@ -297,7 +326,7 @@ fn check_windows(pushes: &[Push], scratch: &Path) -> Vec<Window> {
                         previous.times
                     );
                 }
-                let split = if service == "split" { raw } else { Vec::new() };
+                let split = if service == NAME { raw } else { Vec::new() };
                 windows.push(Window {
                     times,
                     services: vec![service],

@@ -137,16 +137,36 @@ impl AllocSites {
 
     /// Runs `wrapper... alloc_sites ARGS` (valgrind, for one).
     pub fn start_with(wrapper: &[&str], options: Options) -> Self {
+        Self::spawn(wrapper, None, options)
+    }
+
+    /// Runs alloc_sites under another name (its comm, at most 15 bytes),
+    /// through a link in its directory: a test that chooses it by name must
+    /// not pick up the alloc_sites of a test in the suite's other lane.
+    pub fn start_as(name: &str, options: Options) -> Self {
+        Self::spawn(&[], Some(name), options)
+    }
+
+    fn spawn(wrapper: &[&str], name: Option<&str>, options: Options) -> Self {
         let dir = TempDir::new(options.mode);
         let stats = dir.0.join("stats");
         let args = options.args(&stats);
+        let program = match name {
+            Some(name) => {
+                let link = dir.0.join(name);
+                std::os::unix::fs::symlink(binary(), &link)
+                    .unwrap_or_else(|err| panic!("linking alloc_sites as {name}: {err}"));
+                link
+            }
+            None => PathBuf::from(binary()),
+        };
         let mut command = match wrapper.split_first() {
-            Some((program, rest)) => {
-                let mut command = Command::new(program);
-                command.args(rest).arg(binary());
+            Some((wrapper, rest)) => {
+                let mut command = Command::new(wrapper);
+                command.args(rest).arg(&program);
                 command
             }
-            None => Command::new(binary()),
+            None => Command::new(&program),
         };
         let mut child = command
             .args(&args)

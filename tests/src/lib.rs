@@ -98,6 +98,27 @@ impl Workload {
         }
     }
 
+    /// Starts `path` under another name (its comm, at most 15 bytes, and so
+    /// its service name), through a symbolic link: a test that finds its
+    /// workload by name must not count the same program run by a test in
+    /// the suite's other lane.
+    pub fn spawn_as(path: &str, name: &str, args: &[&str]) -> Self {
+        assert!(
+            name.len() <= 15 && !name.contains('/'),
+            "a comm is a file name of at most 15 bytes, not {name:?}"
+        );
+        let dir = std::env::temp_dir().join(format!("profilerd-workload-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("creating the workload link's directory");
+        let link = dir.join(name);
+        std::os::unix::fs::symlink(path, &link).expect("linking the workload under its name");
+        let workload = Self::spawn(link.to_str().expect("a UTF-8 temp path"), args);
+        // spawn returns once exec succeeded: the kernel holds the file and
+        // took its comm from the link's name.
+        let _ = std::fs::remove_dir_all(&dir);
+        workload
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
