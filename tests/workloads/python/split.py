@@ -5,7 +5,10 @@ from main(), in a proportion the program measures itself.
 
 Runs for SECONDS of wall time, calling hot_a and hot_b alternately (hot_a
 with 7/3 of hot_b's work, a few milliseconds a call, SCALE times longer if
-given). It times each call with time.thread_time_ns and, after a call when
+given). Each call's work is drawn between half and one and a half times
+its mean: calls of always the same length make a rhythm that a sampler at
+a fixed period (and a scheduler switching on 4 ms ticks) can beat with,
+and perf itself then leans 2 points one way or the other for a whole run. It times each call with time.thread_time_ns and, after a call when
 20 ms have passed since the last line, and at the end, appends a line to
 OUTPUT: `WALL_NS HOT_A_NS HOT_B_NS`, the wall
 clock (time.time_ns) and the CPU time each function has run so far. A test
@@ -17,6 +20,7 @@ Ledger.settle.<locals>.one_round -> hot_a or hot_b (co_name before 3.11:
 settle, one_round). Runs unchanged on CPython 3.8 to 3.14.
 """
 
+import random
 import sys
 import time
 
@@ -53,9 +57,13 @@ class Ledger:
             output.write("%d %d %d\n" % (now, spent[0], spent[1]))
             output.flush()
 
+        draw = random.Random(1).random
+
         def one_round():
+            rounds_a = int(a_rounds * (0.5 + draw()))
+            rounds_b = int(b_rounds * (0.5 + draw()))
             start = time.thread_time_ns()
-            hot_a(a_rounds)
+            hot_a(rounds_a)
             middle = time.thread_time_ns()
             spent[0] += middle - start
             # Figures after each call (every 20 ms at most): long calls
@@ -65,7 +73,7 @@ class Ledger:
                 report(now)
                 next_report[0] = now + REPORT_NS
             start = time.thread_time_ns()
-            hot_b(b_rounds)
+            hot_b(rounds_b)
             spent[1] += time.thread_time_ns() - start
             now = time.time_ns()
             if now >= next_report[0]:
