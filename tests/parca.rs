@@ -397,14 +397,18 @@ fn a_small_spool_gives_up_the_oldest_windows_and_counts_them() {
     });
     drop(workload);
     let windows = parca.profiles(&format!("{CPU}{{env=\"spool-test\"}}"), started, now_ms());
-    let oldest = windows
-        .first()
-        .map(|(start, ..)| *start)
-        .expect("some windows in Parca");
+    let &(floor_ms, duration_ms, _) = windows.first().expect("some windows in Parca");
+    // Parca floors starts to the second: the window's own start, from the
+    // daemon's drains. Three windows of 1 s or more were given up before
+    // Parca came (the spool holds several; the one being sent when Parca
+    // came back is not given up mid-send, so how many newer ones are kept
+    // depends on the machine's pace): the first kept starts well after
+    // the first cut, which began as the daemon started.
+    let oldest = exact_start(&daemon, floor_ms, duration_ms).unwrap_or(floor_ms);
     assert!(
-        oldest >= started + 5000,
+        oldest >= started + 2500,
         "expected the oldest windows given up, but Parca has one from {} ms after the start: {windows:?}",
-        oldest - started
+        oldest as i64 - started as i64
     );
 }
 
