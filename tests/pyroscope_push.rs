@@ -27,11 +27,12 @@ const TOKEN: &str = "pyroscope-test-token";
 const TENANT: &str = "tenant-1";
 /// Pushes answered at least: the first refused for a while (503), then
 /// accepted, one refused for good (400), accepted again; then more until
-/// they span `WINDOWS` windows. A window is one request per service, so
+/// they span `WINDOWS` windows (the last one begun: three whole ones and
+/// more, enough of the workload's samples). A window is one request per service, so
 /// how many a window takes depends on what else the machine runs (the
 /// suite's other lane starts systemd units by the dozen).
 const PUSHES: usize = 40;
-const WINDOWS: usize = 3;
+const WINDOWS: usize = 4;
 /// Gives up waiting for `WINDOWS` windows after this many pushes.
 const MAX_PUSHES: usize = 1000;
 /// The workload's name (a link to the split workload): the suite's other

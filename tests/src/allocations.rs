@@ -151,22 +151,15 @@ impl AllocSites {
         let dir = TempDir::new(options.mode);
         let stats = dir.0.join("stats");
         let args = options.args(&stats);
-        let program = match name {
-            Some(name) => {
-                let link = dir.0.join(name);
-                std::os::unix::fs::symlink(binary(), &link)
-                    .unwrap_or_else(|err| panic!("linking alloc_sites as {name}: {err}"));
-                link
-            }
-            None => PathBuf::from(binary()),
-        };
+        let link = name.map(|name| crate::NameLink::new(binary(), name));
+        let program = link.as_ref().map_or(binary(), crate::NameLink::path);
         let mut command = match wrapper.split_first() {
             Some((wrapper, rest)) => {
                 let mut command = Command::new(wrapper);
-                command.args(rest).arg(&program);
+                command.args(rest).arg(program);
                 command
             }
-            None => Command::new(&program),
+            None => Command::new(program),
         };
         let mut child = command
             .args(&args)
@@ -175,6 +168,10 @@ impl AllocSites {
             .spawn()
             .unwrap_or_else(|err| panic!("starting {wrapper:?} alloc_sites {args:?}: {err}"));
         let stdin = child.stdin.take();
+        if let Some(name) = name {
+            // exec succeeded (spawn returned): the name is the link's.
+            crate::assert_comm(child.id(), name);
+        }
         Self {
             pid: child.id(),
             child,

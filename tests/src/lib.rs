@@ -99,23 +99,15 @@ impl Workload {
     }
 
     /// Starts `path` under another name (its comm, at most 15 bytes, and so
-    /// its service name), through a symbolic link: a test that finds its
-    /// workload by name must not count the same program run by a test in
-    /// the suite's other lane.
+    /// its service name when no systemd unit names it), through a symbolic
+    /// link: a test that finds its workload by name must not count the
+    /// same program run by a test in the suite's other lane.
     pub fn spawn_as(path: &str, name: &str, args: &[&str]) -> Self {
-        assert!(
-            name.len() <= 15 && !name.contains('/'),
-            "a comm is a file name of at most 15 bytes, not {name:?}"
-        );
-        let dir = std::env::temp_dir().join(format!("profilerd-workload-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("creating the workload link's directory");
-        let link = dir.join(name);
-        std::os::unix::fs::symlink(path, &link).expect("linking the workload under its name");
-        let workload = Self::spawn(link.to_str().expect("a UTF-8 temp path"), args);
-        // spawn returns once exec succeeded: the kernel holds the file and
-        // took its comm from the link's name.
-        let _ = std::fs::remove_dir_all(&dir);
+        let link = NameLink::new(path, name);
+        let workload = Self::spawn(link.path(), args);
+        // spawn returns once exec succeeded (the kernel holds the file:
+        // dropping the link is safe), its comm the link's name soon after.
+        assert_comm(workload.pid(), name);
         workload
     }
 
@@ -171,6 +163,52 @@ impl Workload {
     pub fn resume(&self) {
         cpu::resume(self.pid());
     }
+}
+
+/// A symbolic link named `name` to `path`, in a directory of its own,
+/// removed on drop: exec'd, it makes a process whose comm is `name`.
+pub struct NameLink(PathBuf);
+
+impl NameLink {
+    pub fn new(path: impl AsRef<Path>, name: &str) -> Self {
+        assert!(
+            (1..=15).contains(&name.len()) && !name.contains('/'),
+            "a comm is a file name of 1 to 15 bytes, not {name:?}"
+        );
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("profilerd-name-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap_or_else(|err| panic!("creating {}: {err}", dir.display()));
+        let link = dir.join(name);
+        std::os::unix::fs::symlink(path.as_ref(), &link)
+            .unwrap_or_else(|err| panic!("linking {} as {name}: {err}", path.as_ref().display()));
+        Self(link)
+    }
+
+    pub fn path(&self) -> &str {
+        self.0.to_str().expect("a UTF-8 temp path")
+    }
+}
+
+impl Drop for NameLink {
+    fn drop(&mut self) {
+        if let Some(dir) = self.0.parent() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// Panics unless process `pid` is named `name` (its /proc comm) within a
+/// second: a parent resumes from spawn before the exec it waited for has
+/// renamed the child.
+pub fn assert_comm(pid: u32, name: &str) {
+    let comm = || std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+    let deadline = std::time::Instant::now() + Duration::from_secs(1);
+    while comm().trim_end() != name && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(comm().trim_end(), name, "process {pid}'s name");
 }
 
 impl Drop for Workload {

@@ -7,11 +7,13 @@ Runs for SECONDS of wall time, calling hot_a and hot_b alternately (hot_a
 with 7/3 of hot_b's work, a few milliseconds a call, SCALE times longer if
 given). Each call's work is drawn between half and one and a half times
 its mean: calls of always the same length make a rhythm that a sampler at
-a fixed period (and a scheduler switching on 4 ms ticks) can beat with,
-and perf itself then leans 2 points one way or the other for a whole run. It times each call with time.thread_time_ns and, after a call when
-20 ms have passed since the last line, and at the end, appends a line to
-OUTPUT: `WALL_NS HOT_A_NS HOT_B_NS`, the wall
-clock (time.time_ns) and the CPU time each function has run so far. A test
+a fixed period can beat with (the scheduler switching on its ticks, 4 ms
+at HZ=250, keeps a process's phase), and perf itself then leans 2 points
+one way or the other for a whole run. It times each call with
+time.thread_time_ns and, after a call when 20 ms have passed since the last
+line, and at the end, appends a line to OUTPUT: `WALL_NS HOT_A_NS
+HOT_B_NS`, the wall clock (time.time_ns) and the CPU time each function has
+run so far. A test
 reads the lines around its profile's window: the difference is the split
 the profile must show.
 
