@@ -56,7 +56,9 @@ pub enum Counter {
     /// sample has no user stack.
     UnwoundStackMapFull,
     // Off-CPU (the sched_switch program), when enabled.
-    /// Every time a thread (not an idle task) left a CPU.
+    /// Every time a thread (not an idle task) left a CPU. The sampler
+    /// counts here only the switches it records; the daemon adds
+    /// `OffCpuUnsampled` when it reads the counters.
     OffCpuSwitches,
     /// Waits not recorded: sampling takes one switch in N (and weighs it N).
     OffCpuUnsampled,

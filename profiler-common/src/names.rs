@@ -23,6 +23,9 @@ pub mod maps {
     pub const UNWIND_PROCESSES: &str = "UNWIND_PROCESSES";
     pub const UNWIND_SCRATCH: &str = "UNWIND_SCRATCH";
     pub const OFF_CPU_WAITS: &str = "OFF_CPU_WAITS";
+    /// Recorded waits not yet ended, by a hash of the waiting task's
+    /// address: lets a switch skip the waits map for a thread with none.
+    pub const OFF_CPU_PENDING: &str = "OFF_CPU_PENDING";
     pub const PYTHON_PROCESSES: &str = "PYTHON_PROCESSES";
     pub const PYTHON_THREADS: &str = "PYTHON_THREADS";
     pub const PYTHON_CODES: &str = "PYTHON_CODES";
@@ -39,6 +42,8 @@ pub mod maps {
     pub const DEFAULT_KERNEL_STACKS_ENTRIES: u32 = 8192;
     pub const DEFAULT_PROCESSES_ENTRIES: u32 = 32768;
     pub const DEFAULT_THREADS_ENTRIES: u32 = 65536;
+    /// log2 of the slots of OFF_CPU_PENDING (8 bytes each: 64 KiB).
+    pub const OFF_CPU_PENDING_BITS: u32 = 13;
     /// Exits of threads the daemon may owe CPU, between two drains.
     pub const THREAD_EXITS_ENTRIES: u32 = 8192;
     /// Processes whose threads' CPU the daemon follows between samples.

@@ -39,10 +39,10 @@ use profiler_common::{
 mod blocks;
 
 use crate::{
-    BUFFER_0, BUFFER_1, bump, current_cgroup, generation, process_instance, stored_stack_id, unwind,
-    walk::Walk,
+    BUFFER_0, BUFFER_1, atomic_add, bump, current_cgroup, generation, process_instance, stored_stack_id,
+    unwind, walk::Walk,
 };
-use blocks::{ALLOC_BLOCKS, ALLOC_STACKS, add_to, atomic_add, freed};
+use blocks::{ALLOC_BLOCKS, ALLOC_STACKS, add_to, freed};
 
 const EFAULT: i32 = 14;
 

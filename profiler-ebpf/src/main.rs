@@ -34,6 +34,7 @@ use aya_ebpf::{
     programs::{PerfEventContext, RawTracePointContext, tracing::StackIdContext},
 };
 use aya_log_ebpf::warn;
+use core::intrinsics::{AtomicOrdering, atomic_xadd};
 use process::process_instance;
 use profiler_common::{
     COMM_LEN, CONTROL_GENERATION, CONTROL_LEN, Counter, MAX_STACK_DEPTH, MAX_USER_DEPTH, ProcessEventKind,
@@ -114,6 +115,16 @@ pub(crate) fn bump(counter: Counter) -> u64 {
         },
         None => 0,
     }
+}
+
+/// Adds to a counter other CPUs may add to at the same time.
+///
+/// # Safety
+/// `counter` must be valid for writes (a map value).
+#[inline(always)]
+pub(crate) unsafe fn atomic_add(counter: *mut u64, amount: u64) {
+    // SAFETY: the caller's pointer; BPF's atomic add (lock xadd).
+    unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(counter, amount) };
 }
 
 #[perf_event]

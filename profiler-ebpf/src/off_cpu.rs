@@ -10,6 +10,14 @@
 //! A wait still going on at a drain is credited by the daemon up to the
 //! drain (it reads OFF_CPU_WAITS), and the rest when it ends; so a thread
 //! blocked for hours shows up in every window, not once at the end.
+//!
+//! Every switch pays the program's dispatch and what it does before it knows
+//! there is nothing to record, so that part is kept to the minimum: with one
+//! switch in N recorded, an unrecorded one costs a random draw and one
+//! per-CPU counter, and a thread arriving without a recorded wait one array
+//! read (OFF_CPU_PENDING) instead of a read of its task and a hash lookup.
+//! The clock and the buffer generation are read only where a wait begins or
+//! ends.
 
 use aya_ebpf::{
     Global,
@@ -19,14 +27,14 @@ use aya_ebpf::{
         bpf_probe_read_kernel,
     },
     macros::{map, raw_tracepoint},
-    maps::{LruHashMap, StackTrace},
+    maps::{Array, LruHashMap, StackTrace},
     programs::{RawTracePointContext, tracing::StackIdContext},
 };
 use profiler_common::{COMM_LEN, Counter, Wait, maps::*, sample_kind, unwind_mode};
 
 use crate::{
-    BUFFER_0, BUFFER_1, Buffer, UNWIND_MODE, bump, count, current_cgroup, generation, process_instance,
-    unwind, unwound_stack_id,
+    BUFFER_0, BUFFER_1, Buffer, UNWIND_MODE, atomic_add, bump, count, current_cgroup, generation,
+    process_instance, unwind, unwound_stack_id,
 };
 
 const EFAULT: i32 = 14;
@@ -42,6 +50,16 @@ const TASK_DEAD: u64 = 0x80;
 #[map]
 static OFF_CPU_WAITS: LruHashMap<u32, Wait> = LruHashMap::with_max_entries(DEFAULT_THREADS_ENTRIES, 0);
 
+/// How many recorded waits not yet ended belong to tasks whose address
+/// hashes to each slot ([`pending_slot`]). Used only when one switch in N
+/// is recorded (with every switch recorded nearly every arriving thread has
+/// a wait, and the daemon sizes this to one slot). A slot is never below the
+/// waits it stands for: it is raised before a wait can end and lowered by
+/// the switch that ends it; a wait lost from OFF_CPU_WAITS (evicted) leaves
+/// its slot one too high, which costs lookups, never a wait.
+#[map]
+static OFF_CPU_PENDING: Array<u64> = Array::with_max_entries(1 << OFF_CPU_PENDING_BITS, 0);
+
 #[unsafe(no_mangle)]
 static TASK_PID_OFFSET: Global<u64> = Global::new(0);
 #[unsafe(no_mangle)]
@@ -53,34 +71,46 @@ static OFF_CPU_MIN_NS: Global<u64> = Global::new(0);
 /// unsigned int prev_state)`; attached only when off-CPU profiling is on.
 #[raw_tracepoint(tracepoint = "sched_switch")]
 pub fn on_switch(ctx: RawTracePointContext) -> i32 {
-    // SAFETY: a helper without arguments.
-    let now = unsafe { bpf_ktime_get_ns() };
-    let generation = generation();
-    switched_out(&ctx, now, generation);
-    switched_in(&ctx, now, generation);
+    let every = OFF_CPU_SAMPLE_EVERY.load();
+    switched_out(&ctx, every);
+    switched_in(&ctx, every);
     0
+}
+
+/// The pending-waits slot of a task (its `task_struct` address, which the
+/// tracepoint passes for both tasks: no read needed to find it).
+#[inline(always)]
+fn pending_slot(task: *const u8) -> Option<*mut u64> {
+    // Fibonacci hashing: task structs sit at multiples of their slab
+    // object size, so their low bits alone would crowd a few slots.
+    let index = (task as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - OFF_CPU_PENDING_BITS);
+    OFF_CPU_PENDING.get_ptr_mut(index as u32)
 }
 
 /// The current thread (prev) leaves the CPU: remember where it waits.
 #[inline(always)]
-fn switched_out(ctx: &RawTracePointContext, now: u64, generation: u32) {
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let tid = pid_tgid as u32;
-    if tid == 0 {
-        return;
-    }
+fn switched_out(ctx: &RawTracePointContext, every: u64) {
     // sched_switch has four arguments; the first and fourth are integers.
     let (preempt, prev_state) = (ctx.arg::<u64>(0), ctx.arg::<u64>(3));
     if prev_state & TASK_DEAD != 0 {
         return;
     }
-    bump(Counter::OffCpuSwitches);
-    let every = OFF_CPU_SAMPLE_EVERY.load();
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tid = pid_tgid as u32;
+    if tid == 0 {
+        return;
+    }
     // SAFETY: a helper without arguments.
     if every > 1 && u64::from(unsafe { bpf_get_prandom_u32() }) % every != 0 {
+        // The daemon adds these to the switches it reports: one counter
+        // a switch, not two.
         bump(Counter::OffCpuUnsampled);
         return;
     }
+    bump(Counter::OffCpuSwitches);
+    // SAFETY: a helper without arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let generation = generation();
     let tgid = (pid_tgid >> 32) as u32;
     // Preempted (or yielding) threads stay runnable: they wait for a CPU,
     // not for an event.
@@ -116,6 +146,15 @@ fn switched_out(ctx: &RawTracePointContext, now: u64, generation: u32) {
         comm: bpf_get_current_comm().unwrap_or([0; COMM_LEN]),
         cgroup_id: current_cgroup(),
     };
+    // Raised before the wait is stored: the thread cannot arrive anywhere
+    // before this switch completes, but the order keeps the slot's
+    // invariant plain.
+    if every > 1
+        && let Some(slot) = pending_slot(ctx.arg::<*const u8>(1))
+    {
+        // SAFETY: a live array slot; other CPUs add to it too.
+        unsafe { atomic_add(slot, 1) };
+    }
     match OFF_CPU_WAITS.get_ptr_mut(&tid) {
         Some(entry) => {
             // SAFETY: this thread's entry; the thread is on this CPU, so
@@ -163,13 +202,22 @@ fn wait_stacks(ctx: &RawTracePointContext, walk: UserWalk, buffer: &Buffer) -> (
 
 /// The next thread gets the CPU: its wait, if one was recorded, ends.
 #[inline(always)]
-fn switched_in(ctx: &RawTracePointContext, now: u64, generation: u32) {
+fn switched_in(ctx: &RawTracePointContext, every: u64) {
     let offset = TASK_PID_OFFSET.load();
     if offset == 0 {
         return;
     }
     // The third argument: the next task_struct.
     let next = ctx.arg::<*const u8>(2);
+    let pending = if every > 1 { pending_slot(next) } else { None };
+    if let Some(slot) = pending {
+        // SAFETY: a live array slot; a plain read (a slot raised on another
+        // CPU a moment ago belongs to a task that is still switching out
+        // there, not this one).
+        if unsafe { core::ptr::read_volatile(slot) } == 0 {
+            return;
+        }
+    }
     // SAFETY: `next` is only read through probe_read, at an offset that
     // comes from BTF.
     let Ok(tid) = (unsafe { bpf_probe_read_kernel(next.wrapping_add(offset as usize) as *const u32) }) else {
@@ -195,16 +243,22 @@ fn switched_in(ctx: &RawTracePointContext, now: u64, generation: u32) {
             ..*entry
         }
     };
+    if let Some(slot) = pending {
+        // SAFETY: a live array slot; adding 2^64 - 1 takes one away.
+        unsafe { atomic_add(slot, u64::MAX) };
+    }
+    // SAFETY: a helper without arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
     let waited = now.saturating_sub(wait.since_ns);
     if waited < OFF_CPU_MIN_NS.load() {
         bump(Counter::OffCpuShort);
         return;
     }
-    let every = OFF_CPU_SAMPLE_EVERY.load().max(1);
+    let every = every.max(1);
     let key = wait.key(tid);
     // No overflow: waits are far below 2^44 ns and `every` <= 10^6 (a checked
     // multiply would need a 128-bit helper BPF does not have).
-    let counts = if generation & 1 == 1 {
+    let counts = if generation() & 1 == 1 {
         BUFFER_1.counts
     } else {
         BUFFER_0.counts

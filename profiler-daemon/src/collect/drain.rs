@@ -259,6 +259,7 @@ impl Drainer {
                 })?;
             totals.0[counter as usize] = per_cpu.iter().sum();
         }
+        totals.count_unsampled_switches();
         Ok(totals)
     }
 }

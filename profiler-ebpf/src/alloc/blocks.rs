@@ -7,13 +7,12 @@ use aya_ebpf::{
     macros::map,
     maps::HashMap,
 };
-use core::intrinsics::{AtomicOrdering, atomic_xadd};
 use profiler_common::{
     AllocBlock, AllocBlockKey, AllocStackKey, Counter, SampleKey, UnwoundStack, maps::*, sample_kind,
 };
 
 use super::{ALLOC_THREADS, ALLOC_TRACED};
-use crate::{BUFFER_0, BUFFER_1, Buffer, bump, generation, stored_stack_id};
+use crate::{BUFFER_0, BUFFER_1, Buffer, atomic_add, bump, generation, stored_stack_id};
 
 const EFAULT: i32 = 14;
 const ENOENT: i32 = 2;
@@ -136,14 +135,4 @@ pub(super) fn add_to(buffer: &Buffer, key: &SampleKey, size: u64) {
             bump(Counter::CountsMapFull);
         }
     }
-}
-
-/// Adds to a counter other CPUs may add to at the same time.
-///
-/// # Safety
-/// `counter` must be valid for writes (a map value).
-#[inline(always)]
-pub(super) unsafe fn atomic_add(counter: *mut u64, amount: u64) {
-    // SAFETY: the caller's pointer; BPF's atomic add (lock xadd).
-    unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(counter, amount) };
 }

@@ -137,6 +137,10 @@ pub(super) fn configure<'a>(
     if !plan.off_cpu {
         loader.map_max_entries(maps::OFF_CPU_WAITS, 1);
     }
+    // The pending-waits slots serve only when some switches go unrecorded.
+    if !plan.off_cpu || plan.sample_every <= 1 {
+        loader.map_max_entries(maps::OFF_CPU_PENDING, 1);
+    }
     configure_walk(loader, options, plan);
 }
 
