@@ -73,6 +73,13 @@ fn main() -> anyhow::Result<()> {
     let library = out.join("libhog.so");
     cc(&["-shared", "-fPIC"], &source, &library)?;
     export("hog_library", &library);
+    // The benchmarks' pipe ping-pong (bench/switch_cost.sh), a switch storm
+    // of ~5 us waits (tests/offcpu_sampled.rs).
+    let source = "../bench/pingpong.c";
+    println!("cargo::rerun-if-changed={source}");
+    let binary = out.join("pingpong");
+    cc(&[], Path::new(source), &binary)?;
+    export("pingpong", &binary);
     // A forged CPython (tests/python.rs): its interpreter symbols exported.
     let source = "workloads/forged_python.c";
     println!("cargo::rerun-if-changed={source}");

@@ -118,7 +118,8 @@ pub struct SampleValue {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Wait {
-    /// bpf_ktime_get_ns() when the thread left the CPU; 0: not waiting.
+    /// bpf_ktime_get_ns() when the thread left the CPU and its stacks were
+    /// taken; 0: not waiting.
     pub since_ns: u64,
     pub tgid: u32,
     pub instance: u32,
@@ -128,7 +129,10 @@ pub struct Wait {
     pub generation: u32,
     /// [`sample_kind::OFF_CPU_BLOCKED`] or [`sample_kind::OFF_CPU_RUNNABLE`].
     pub kind: u16,
-    pub reserved: u16,
+    /// How long taking this wait's stacks took, ns (at most 65,535): the
+    /// wait is timed from after it (`since_ns`), and it is added once, not
+    /// weighted with the rest (see profiler-ebpf's off_cpu.rs).
+    pub recorded_ns: u16,
     pub comm: [u8; COMM_LEN],
     pub cgroup_id: u64,
 }

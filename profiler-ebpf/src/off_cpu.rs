@@ -54,9 +54,11 @@ static OFF_CPU_WAITS: LruHashMap<u32, Wait> = LruHashMap::with_max_entries(DEFAU
 /// hashes to each slot ([`pending_slot`]). Used only when one switch in N
 /// is recorded (with every switch recorded nearly every arriving thread has
 /// a wait, and the daemon sizes this to one slot). A slot is never below the
-/// waits it stands for: it is raised before a wait can end and lowered by
-/// the switch that ends it; a wait lost from OFF_CPU_WAITS (evicted) leaves
-/// its slot one too high, which costs lookups, never a wait.
+/// waits it stands for: it is raised once a wait is stored, before the
+/// thread can run anywhere, and lowered by the switch that ends the wait. A
+/// wait evicted from OFF_CPU_WAITS, or whose end a failed read of the task
+/// missed, leaves its slot one too high for good: that costs the slot's
+/// tasks a lookup per switch, never a wait.
 #[map]
 static OFF_CPU_PENDING: Array<u64> = Array::with_max_entries(1 << OFF_CPU_PENDING_BITS, 0);
 
@@ -72,8 +74,8 @@ static OFF_CPU_MIN_NS: Global<u64> = Global::new(0);
 #[raw_tracepoint(tracepoint = "sched_switch")]
 pub fn on_switch(ctx: RawTracePointContext) -> i32 {
     let every = OFF_CPU_SAMPLE_EVERY.load();
-    switched_out(&ctx, every);
-    switched_in(&ctx, every);
+    let now = switched_out(&ctx, every);
+    switched_in(&ctx, every, now);
     0
 }
 
@@ -88,24 +90,28 @@ fn pending_slot(task: *const u8) -> Option<*mut u64> {
 }
 
 /// The current thread (prev) leaves the CPU: remember where it waits.
+/// Returns the time the wait began, if one was recorded: the arriving
+/// thread's wait ends at the same instant (the kernel charges this
+/// program's run, stack walks included, to the arriving thread's CPU time,
+/// so a later clock read would count the walks twice).
 #[inline(always)]
-fn switched_out(ctx: &RawTracePointContext, every: u64) {
+fn switched_out(ctx: &RawTracePointContext, every: u64) -> Option<u64> {
     // sched_switch has four arguments; the first and fourth are integers.
     let (preempt, prev_state) = (ctx.arg::<u64>(0), ctx.arg::<u64>(3));
     if prev_state & TASK_DEAD != 0 {
-        return;
+        return None;
     }
     let pid_tgid = bpf_get_current_pid_tgid();
     let tid = pid_tgid as u32;
     if tid == 0 {
-        return;
+        return None;
     }
     // SAFETY: a helper without arguments.
     if every > 1 && u64::from(unsafe { bpf_get_prandom_u32() }) % every != 0 {
         // The daemon adds these to the switches it reports: one counter
         // a switch, not two.
         bump(Counter::OffCpuUnsampled);
-        return;
+        return None;
     }
     bump(Counter::OffCpuSwitches);
     // SAFETY: a helper without arguments.
@@ -142,39 +148,55 @@ fn switched_out(ctx: &RawTracePointContext, every: u64) {
         kernel_stack_id,
         generation,
         kind,
-        reserved: 0,
+        recorded_ns: 0,
         comm: bpf_get_current_comm().unwrap_or([0; COMM_LEN]),
         cgroup_id: current_cgroup(),
     };
-    // Raised before the wait is stored: the thread cannot arrive anywhere
-    // before this switch completes, but the order keeps the slot's
-    // invariant plain.
-    if every > 1
-        && let Some(slot) = pending_slot(ctx.arg::<*const u8>(1))
-    {
-        // SAFETY: a live array slot; other CPUs add to it too.
-        unsafe { atomic_add(slot, 1) };
-    }
-    match OFF_CPU_WAITS.get_ptr_mut(&tid) {
+    // The wait is timed from here, with the time its stacks took added
+    // once when it ends. That time is this switch's own cost, charged to the
+    // arriving thread's CPU and lengthening this thread's wait: weighted N
+    // with the rest, it would count N times over in the one switch in N
+    // recorded (a third too much off-CPU time on a switch storm at N = 4).
+    // SAFETY: a helper without arguments.
+    let since = unsafe { bpf_ktime_get_ns() };
+    let wait = Wait {
+        recorded_ns: since.saturating_sub(now).min(u64::from(u16::MAX)) as u16,
+        ..wait
+    };
+    let stored = match OFF_CPU_WAITS.get_ptr_mut(&tid) {
         Some(entry) => {
             // SAFETY: this thread's entry; the thread is on this CPU, so
             // nothing else writes it now. Volatile so `since_ns` is
             // stored after the rest (the daemon may be copying the entry).
             unsafe {
                 core::ptr::write_volatile(entry, wait);
-                core::ptr::write_volatile(&mut (*entry).since_ns, now);
+                core::ptr::write_volatile(&mut (*entry).since_ns, since);
             }
+            true
         }
         None => {
             let wait = Wait {
-                since_ns: now,
+                since_ns: since,
                 ..wait
             };
-            if OFF_CPU_WAITS.insert(&tid, &wait, 0).is_err() {
+            let inserted = OFF_CPU_WAITS.insert(&tid, &wait, 0).is_ok();
+            if !inserted {
                 bump(Counter::OffCpuWaitsMapFull);
             }
+            inserted
         }
+    };
+    // Raised once the wait is stored (a wait refused is never ended, and
+    // must not hold its slot up): the thread cannot arrive on any CPU
+    // before this switch completes, so no switch-in reads the slot between.
+    if stored
+        && every > 1
+        && let Some(slot) = pending_slot(ctx.arg::<*const u8>(1))
+    {
+        // SAFETY: a live array slot; other CPUs add to it too.
+        unsafe { atomic_add(slot, 1) };
     }
+    Some(now)
 }
 
 #[derive(Clone, Copy)]
@@ -202,7 +224,7 @@ fn wait_stacks(ctx: &RawTracePointContext, walk: UserWalk, buffer: &Buffer) -> (
 
 /// The next thread gets the CPU: its wait, if one was recorded, ends.
 #[inline(always)]
-fn switched_in(ctx: &RawTracePointContext, every: u64) {
+fn switched_in(ctx: &RawTracePointContext, every: u64, now: Option<u64>) {
     let offset = TASK_PID_OFFSET.load();
     if offset == 0 {
         return;
@@ -248,9 +270,10 @@ fn switched_in(ctx: &RawTracePointContext, every: u64) {
         unsafe { atomic_add(slot, u64::MAX) };
     }
     // SAFETY: a helper without arguments.
-    let now = unsafe { bpf_ktime_get_ns() };
+    let now = now.unwrap_or_else(|| unsafe { bpf_ktime_get_ns() });
     let waited = now.saturating_sub(wait.since_ns);
-    if waited < OFF_CPU_MIN_NS.load() {
+    let recorded = u64::from(wait.recorded_ns);
+    if waited + recorded < OFF_CPU_MIN_NS.load() {
         bump(Counter::OffCpuShort);
         return;
     }
@@ -263,7 +286,7 @@ fn switched_in(ctx: &RawTracePointContext, every: u64) {
     } else {
         BUFFER_0.counts
     };
-    count(ctx, counts, &key, every, waited.wrapping_mul(every));
+    count(ctx, counts, &key, every, waited.wrapping_mul(every) + recorded);
     bump(Counter::OffCpuWaits);
 }
 

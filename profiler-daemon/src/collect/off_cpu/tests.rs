@@ -15,7 +15,7 @@ fn wait(since_ns: u64, generation: u32, user: i32, kernel: i32) -> Wait {
         kernel_stack_id: kernel,
         generation,
         kind: sample_kind::OFF_CPU_BLOCKED,
-        reserved: 0,
+        recorded_ns: 0,
         comm: [b'w'; COMM_LEN],
         cgroup_id: 1,
     }
