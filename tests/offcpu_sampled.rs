@@ -31,19 +31,10 @@ const MIN_RECORDED: u64 = 4_000;
 #[test]
 fn with_one_switch_in_four_recorded_the_recorded_waits_end_and_the_time_away_adds_up() {
     let _serial = serial();
-    let daemon = Daemon::start(&[
-        "--off-cpu",
-        "--off-cpu-sample-every",
-        SAMPLE_EVERY,
-        "--drain-interval-ms",
-        "100",
-    ]);
+    let daemon = start_sampled_daemon();
     let storm = Workload::spawn(STORM, &[&THREADS.to_string(), "60"]);
     let pid = storm.pid();
-    sleep(Duration::from_secs(WINDOW_SECONDS + 2));
-    let json = threads_json(&daemon, &format!("pid={pid}&seconds={WINDOW_SECONDS}"));
-    let (start_ms, end_ms) = window_of(&json);
-    let window_ns = (end_ms - start_ms) * 1_000_000;
+    let (window_ns, json) = last_window(&daemon, pid);
     // The storm's own threads, not its main thread: that one waits in one
     // join all along, and one wait recorded one time in four shows as 0 or
     // four times the window (unbiased, but no test of a sum).
@@ -58,9 +49,7 @@ fn with_one_switch_in_four_recorded_the_recorded_waits_end_and_the_time_away_add
     );
     let mut sum = 0;
     for (tid, thread) in &threads {
-        let (on, off) = (field_ns(thread, "cpu_ns"), field_ns(thread, "off_cpu_ns"));
-        let error = percent_off(on + off, window_ns);
-        eprintln!("storm thread {tid}: on {on} + off {off} ns in a {window_ns} ns window ({error:.2}% off)");
+        let (on, off, error) = on_and_off("storm thread", *tid, thread, window_ns);
         assert!(
             error <= THREAD_PERCENT,
             "storm thread {tid}: on-CPU + off-CPU should be the window, {window_ns} ns \
@@ -131,20 +120,11 @@ const PINGPONG_PERCENT: f64 = 8.0;
 #[test]
 fn with_one_switch_in_four_recorded_a_switch_storm_on_one_cpu_adds_up_to_the_window() {
     let _serial = serial();
-    let daemon = Daemon::start(&[
-        "--off-cpu",
-        "--off-cpu-sample-every",
-        SAMPLE_EVERY,
-        "--drain-interval-ms",
-        "100",
-    ]);
+    let daemon = start_sampled_daemon();
     let pingpong = Workload::spawn("taskset", &["-c", "0", PINGPONG, "-t", "60"]);
     // taskset executes the ping-pong: the same pid.
     let pid = pingpong.pid();
-    sleep(Duration::from_secs(WINDOW_SECONDS + 2));
-    let json = threads_json(&daemon, &format!("pid={pid}&seconds={WINDOW_SECONDS}"));
-    let (start_ms, end_ms) = window_of(&json);
-    let window_ns = (end_ms - start_ms) * 1_000_000;
+    let (window_ns, json) = last_window(&daemon, pid);
     let threads = threads_by_tid(&json);
     assert_eq!(
         threads.len(),
@@ -152,11 +132,7 @@ fn with_one_switch_in_four_recorded_a_switch_storm_on_one_cpu_adds_up_to_the_win
         "the ping-pong's two threads should be in /threads: {json}"
     );
     for (tid, thread) in &threads {
-        let (on, off) = (field_ns(thread, "cpu_ns"), field_ns(thread, "off_cpu_ns"));
-        let error = percent_off(on + off, window_ns);
-        eprintln!(
-            "ping-pong thread {tid}: on {on} + off {off} ns in a {window_ns} ns window ({error:.2}% off)"
-        );
+        let (on, off, error) = on_and_off("ping-pong thread", *tid, thread, window_ns);
         assert!(
             error <= PINGPONG_PERCENT,
             "ping-pong thread {tid}: on-CPU + off-CPU should be the window, {window_ns} ns \
@@ -165,6 +141,34 @@ fn with_one_switch_in_four_recorded_a_switch_storm_on_one_cpu_adds_up_to_the_win
         );
     }
     drop(pingpong);
+}
+
+fn start_sampled_daemon() -> Daemon {
+    Daemon::start(&[
+        "--off-cpu",
+        "--off-cpu-sample-every",
+        SAMPLE_EVERY,
+        "--drain-interval-ms",
+        "100",
+    ])
+}
+
+/// /threads of process `pid` over the last WINDOW_SECONDS, asked once it
+/// has run that long and 2 s more: the window's length in ns, and the answer.
+fn last_window(daemon: &Daemon, pid: u32) -> (u64, serde_json::Value) {
+    sleep(Duration::from_secs(WINDOW_SECONDS + 2));
+    let json = threads_json(daemon, &format!("pid={pid}&seconds={WINDOW_SECONDS}"));
+    let (start_ms, end_ms) = window_of(&json);
+    ((end_ms - start_ms) * 1_000_000, json)
+}
+
+/// A thread's on-CPU and off-CPU ns, and how far their sum is from the
+/// window, in percent (printed).
+fn on_and_off(what: &str, tid: u32, thread: &serde_json::Value, window_ns: u64) -> (u64, u64, f64) {
+    let (on, off) = (field_ns(thread, "cpu_ns"), field_ns(thread, "off_cpu_ns"));
+    let error = percent_off(on + off, window_ns);
+    eprintln!("{what} {tid}: on {on} + off {off} ns in a {window_ns} ns window ({error:.2}% off)");
+    (on, off, error)
 }
 
 /// Threads alive now, over every process (/proc/*/task/*).

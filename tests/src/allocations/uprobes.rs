@@ -28,22 +28,16 @@ pub const ALLOCATOR_FUNCTIONS: [&str; 7] = [
 /// from the process's memory against the library file: what the process
 /// runs, whoever holds the probe, and after whatever death of the tracer.
 pub fn breakpoints(pid: u32) -> Vec<String> {
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))
-        .unwrap_or_else(|err| panic!("reading the mappings of {pid}: {err}"));
-    let code: Vec<Mapping> = maps
-        .lines()
-        .filter_map(Mapping::parse)
-        .filter(|m| m.executable)
-        .collect();
+    let code = code_mappings(pid);
     let libc = code
         .iter()
-        .find(|mapping| {
-            Path::new(&mapping.path)
-                .file_name()
-                .and_then(|name| name.to_str())
-                .is_some_and(|name| name.starts_with("libc.so") || name.starts_with("libc-"))
+        .find(|mapping| is_libc(&mapping.path))
+        .unwrap_or_else(|| {
+            panic!(
+                "{pid} maps no libc: {:?}",
+                code.iter().map(|m| &m.path).collect::<Vec<_>>()
+            )
         })
-        .unwrap_or_else(|| panic!("{pid} maps no libc:\n{maps}"))
         .path
         .clone();
     let image = std::fs::read(&libc).unwrap_or_else(|err| panic!("reading {libc}: {err}"));
@@ -90,17 +84,30 @@ pub fn mapped_libc(pid: u32) -> MappedLibc {
     let libc = maps
         .lines()
         .filter_map(Mapping::parse)
-        .find(|mapping| {
-            Path::new(&mapping.path)
-                .file_name()
-                .and_then(|name| name.to_str())
-                .is_some_and(|name| name.starts_with("libc.so") || name.starts_with("libc-"))
-        })
+        .find(|mapping| is_libc(&mapping.path))
         .unwrap_or_else(|| panic!("{pid} maps no libc:\n{maps}"));
     MappedLibc {
         map_files: PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", libc.start, libc.end)),
         path: libc.path,
     }
+}
+
+/// Whether a mapped file is libc (libc.so.* or libc-*).
+fn is_libc(path: &str) -> bool {
+    Path::new(path)
+        .file_name()
+        .and_then(|name| name.to_str())
+        .is_some_and(|name| name.starts_with("libc.so") || name.starts_with("libc-"))
+}
+
+/// The executable mappings of a process.
+fn code_mappings(pid: u32) -> Vec<Mapping> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .unwrap_or_else(|err| panic!("reading the mappings of {pid}: {err}"));
+    maps.lines()
+        .filter_map(Mapping::parse)
+        .filter(|m| m.executable)
+        .collect()
 }
 
 struct Mapping {
@@ -249,12 +256,7 @@ mod tests {
         let pid = workload.pid();
         assert_eq!(breakpoints(pid), Vec::<String>::new());
         crate::cpu::pause(pid);
-        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).expect("maps");
-        let code: Vec<Mapping> = maps
-            .lines()
-            .filter_map(Mapping::parse)
-            .filter(|m| m.executable)
-            .collect();
+        let code = code_mappings(pid);
         let libc = code
             .iter()
             .find(|m| m.path.contains("/libc.so"))
