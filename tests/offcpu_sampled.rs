@@ -110,12 +110,12 @@ fn with_one_switch_in_four_recorded_the_recorded_waits_end_and_the_time_away_add
 /// the window. Its waits last ~5 us, and recording one (~3 us of stack
 /// walks) lengthens it: timed whole and weighted N, that cost counted N
 /// times over and the sum came to 135% at N = 4. Timed from after the walks
-/// (the walks added once), 103% here: what recording still costs the
+/// (the walks added once), 102-103% here: what recording still costs the
 /// thread that runs next (caches it cools) is weighted N with the wait.
 const PINGPONG_PERCENT: f64 = 8.0;
 
 /// Two threads bouncing a byte over pipes on one CPU: each is off CPU
-/// exactly while the other runs, ~200,000 waits a second each, and one in
+/// exactly while the other runs, ~150,000 waits a second each, and one in
 /// four recorded must still give each the window.
 #[test]
 fn with_one_switch_in_four_recorded_a_switch_storm_on_one_cpu_adds_up_to_the_window() {

@@ -240,6 +240,10 @@ fn switched_in(ctx: &RawTracePointContext, every: u64, now: Option<u64>) {
             return;
         }
     }
+    // The arriving thread's wait ends now, before the work below: like the
+    // walks (see switched_out), this program's run is its CPU time.
+    // SAFETY: a helper without arguments.
+    let now = now.unwrap_or_else(|| unsafe { bpf_ktime_get_ns() });
     // SAFETY: `next` is only read through probe_read, at an offset that
     // comes from BTF.
     let Ok(tid) = (unsafe { bpf_probe_read_kernel(next.wrapping_add(offset as usize) as *const u32) }) else {
@@ -269,8 +273,6 @@ fn switched_in(ctx: &RawTracePointContext, every: u64, now: Option<u64>) {
         // SAFETY: a live array slot; adding 2^64 - 1 takes one away.
         unsafe { atomic_add(slot, u64::MAX) };
     }
-    // SAFETY: a helper without arguments.
-    let now = now.unwrap_or_else(|| unsafe { bpf_ktime_get_ns() });
     let waited = now.saturating_sub(wait.since_ns);
     let recorded = u64::from(wait.recorded_ns);
     if waited + recorded < OFF_CPU_MIN_NS.load() {

@@ -127,9 +127,13 @@ impl WaitTracker {
         next_id: &mut u32,
     ) {
         // A wait that began after the flip is in the new buffer: next time.
-        let ongoing = waits
-            .iter()
-            .filter(|(_, wait)| wait.since_ns != 0 && wait.since_ns < flipped_ns);
+        // One of the drained generation may still be timed from after the
+        // flip (the sampler picks the buffer before its stack walks and
+        // times the wait after them): its stacks are kept now, as this is
+        // their buffer's only drain, and its time credited from the next.
+        let ongoing = waits.iter().filter(|(_, wait)| {
+            wait.since_ns != 0 && (wait.since_ns < flipped_ns || wait.generation == generation)
+        });
         for &(tid, wait) in ongoing {
             let stacks = (wait.generation, wait.user_stack_id, wait.kernel_stack_id);
             if wait.generation == generation {
@@ -142,7 +146,7 @@ impl WaitTracker {
             } else if let Some(kept) = self.kept.get_mut(&stacks) {
                 kept.seen = self.drains;
             }
-            if flipped_ns - wait.since_ns < self.min_ns {
+            if wait.since_ns >= flipped_ns || flipped_ns - wait.since_ns < self.min_ns {
                 // Too short so far: the sampler may still drop it.
                 continue;
             }

@@ -142,6 +142,35 @@ fn a_wait_that_ends_right_after_a_flip_finds_the_previous_batchs_stacks() {
 }
 
 #[test]
+fn a_wait_of_the_drained_buffer_timed_from_after_the_flip_keeps_its_stacks() {
+    let mut tracker = WaitTracker::new(1, 0);
+    // Its buffer picked before the flip, its time taken after it.
+    let late = wait(1001 * MS, 3, 5, 6);
+    let mut first = batch_with_stacks(&[(5, &[0x55])], &[(6, &[0xf_ff66])]);
+    tracker.drained(&mut first, 3, 1000 * MS, &[(9, late)]);
+    assert!(
+        first.samples.is_empty(),
+        "nothing to credit yet: {:?}",
+        first.samples
+    );
+    // Two drains on, still going: credited under the stacks kept.
+    let mut second = RawBatch::default();
+    tracker.drained(&mut second, 4, 2000 * MS, &[(9, late)]);
+    let mut third = RawBatch::default();
+    tracker.drained(&mut third, 5, 3000 * MS, &[(9, late)]);
+    for batch in [&second, &third] {
+        assert_eq!(batch.samples.len(), 1, "{:?}", batch.samples);
+        assert_eq!(
+            frames(batch, &batch.samples[0]),
+            (Some(vec![0x55]), Some(vec![0xf_ff66])),
+            "the stacks kept at the drain of their buffer"
+        );
+        assert_eq!(batch.wait_stacks_lost, 0);
+    }
+    assert_eq!(total_ns(&[&first, &second, &third], 9), 1999 * MS);
+}
+
+#[test]
 fn weights_scale_credits_and_short_waits_are_left_to_the_sampler() {
     let mut tracker = WaitTracker::new(4, 50 * MS);
     let long = wait(100 * MS, 0, 1, 2);
