@@ -24,8 +24,9 @@ cd "$root"
 # shellcheck source=scripts/toolchain.env
 source "$root/scripts/toolchain.env"
 
-# Lane 1 of the first phase: fleet, transport and deployment tests.
-LANE_1=(parca pyroscope_push allocations_push tls tls_client_certificates metrics_format deploy)
+# Lane 1 of the first phase: fleet, transport and deployment tests, and
+# kernel frame names.
+LANE_1=(parca pyroscope_push allocations_push tls tls_client_certificates metrics_format deploy kernel_names)
 # Lane 2: the unprivileged user's tests, the containers, and the unit tests.
 LANE_2=(access cgroups hostile_connections jit_hostile supervision scrapes visibility systemd systemd_units)
 # Every other file of profilerd-tests (sampling, cpu_time, http, views,

@@ -22,12 +22,14 @@ pub const MAX_USER_DEPTH: usize = 2 * MAX_STACK_DEPTH;
 
 mod alloc;
 mod counter;
+mod kernel_names;
 mod names;
 mod sample;
 mod unwind;
 
 pub use alloc::*;
 pub use counter::Counter;
+pub use kernel_names::*;
 pub use names::{globals, maps, programs};
 pub use sample::*;
 pub use unwind::*;
@@ -64,4 +66,6 @@ mod pod {
     unsafe impl aya::Pod for super::AllocBlock {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::AllocStackKey {}
+    // SAFETY: repr(C), an array of bytes: no padding, any bit pattern valid.
+    unsafe impl aya::Pod for super::KernelNames {}
 }

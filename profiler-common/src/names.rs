@@ -35,6 +35,8 @@ pub mod maps {
     pub const ALLOC_BLOCKS: &str = "ALLOC_BLOCKS";
     pub const ALLOC_STACKS: &str = "ALLOC_STACKS";
     pub const ALLOC_DRAWS: &str = "ALLOC_DRAWS";
+    /// The names the `kernel_names` program printed (see `KernelNames`).
+    pub const KERNEL_NAMES: &str = "KERNEL_NAMES";
 
     /// Default capacities; the daemon may override them at load time.
     pub const DEFAULT_COUNTS_ENTRIES: u32 = 16384;
@@ -112,4 +114,6 @@ pub mod programs {
     pub const ALLOC_ENTER: &str = "alloc_enter";
     /// Return of the allocating ones.
     pub const ALLOC_RETURN: &str = "alloc_return";
+    /// Names kernel addresses for the symbolizer; never attached, only run.
+    pub const KERNEL_NAMES: &str = "kernel_names";
 }

@@ -32,7 +32,7 @@ use crate::{
     symbolize::{self, SymbolizeStatus, Symbolizer, worker::WorkerConfig},
     telemetry::{Live, Telemetry},
 };
-use crate::{kind::KindSet, procfs::ProcRoot, stop::Stop};
+use crate::{error::Chain, kind::KindSet, procfs::ProcRoot, stop::Stop};
 
 mod threads;
 mod unwinding;
@@ -159,6 +159,10 @@ impl Pipeline {
             Sampler::start(&options.sampler, &options.proc_root)?;
         let cpus = sampler.cpus();
         let map_sizes = sampler.map_sizes();
+        let kernel_namer = sampler
+            .take_kernel_namer()
+            .inspect_err(|err| tracing::warn!("kernel frames named from /proc/kallsyms: {}", Chain(err)))
+            .ok();
         let kinds = sampler.kinds();
         let tracer = sampler
             .take_allocation_maps(options.sampler.alloc_sample_bytes, options.proc_root.clone())?
@@ -228,7 +232,7 @@ impl Pipeline {
             threads.push(spawn(
                 "symbolize",
                 Box::new(move || {
-                    let symbolizer = Symbolizer::new(worker, files, proc_root);
+                    let symbolizer = Symbolizer::new(worker, files, proc_root, kernel_namer);
                     let symbolizer = symbolizer.python_from(news_rx);
                     symbolize_loop(symbolizer, symbolize_rx, store, &status_tx, only_pids, unwind);
                 }),

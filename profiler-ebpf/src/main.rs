@@ -16,6 +16,7 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 mod alloc;
+mod kernel_names;
 mod off_cpu;
 mod process;
 mod python;

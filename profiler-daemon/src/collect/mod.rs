@@ -13,6 +13,7 @@ mod batch;
 mod btf;
 mod clock;
 mod drain;
+mod kernel_names;
 mod mapped_file;
 pub mod metrics;
 mod off_cpu;
@@ -26,6 +27,7 @@ pub mod unwind_tables;
 mod watcher;
 
 pub use drain::Drainer;
+pub use kernel_names::{KernelNamer, KernelNamesError};
 pub use mapped_file::{
     DEFAULT_MAX_OPEN_FILES, FileKey, FileVersion, MappedFile, OpenFileStats, OpenFiles, Refusal,
 };

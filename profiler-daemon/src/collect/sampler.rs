@@ -10,6 +10,8 @@ mod options;
 mod row_groups;
 mod setup;
 
+use std::os::fd::AsFd;
+
 use aya::{
     Ebpf, EbpfLoader,
     maps::{MapData, RingBuf},
@@ -24,7 +26,7 @@ pub use handles::UnwindMaps;
 pub use options::{DEFAULT_ALLOC_SAMPLE_BYTES, MapSizes, OffCpuOptions, SamplerOptions, UnwindMode};
 
 use super::{
-    CollectError, Drainer,
+    CollectError, Drainer, KernelNamer,
     thread_cpu::read::{LedgerMaps, ThreadClock},
 };
 use crate::{
@@ -168,6 +170,27 @@ impl Sampler {
             draws: convert(ebpf, maps::ALLOC_DRAWS)?,
         };
         super::allocations::AllocationMaps::new(handles, interval, proc_root).map(Some)
+    }
+
+    /// The program that names kernel addresses for the symbolizer, loaded
+    /// (never attached), with its output map; taken once. An error: this
+    /// kernel cannot run it (the symbolizer then reads kallsyms).
+    pub fn take_kernel_namer(&mut self) -> Result<KernelNamer, CollectError> {
+        let name = programs::KERNEL_NAMES;
+        let namer: &mut RawTracePoint = program(&mut self.ebpf, name)?;
+        namer
+            .load()
+            .map_err(|source| CollectError::Program { name, source })?;
+        let fd = namer
+            .fd()
+            .map_err(|source| CollectError::Program { name, source })?
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|err| CollectError::Program {
+                name,
+                source: aya::programs::ProgramError::IOError(err),
+            })?;
+        Ok(KernelNamer::new(fd, convert(&mut self.ebpf, maps::KERNEL_NAMES)?))
     }
 
     /// Ids of the loaded programs (for tests and diagnostics).

@@ -122,8 +122,19 @@ fn encode_caches(out: &mut DescriptorEncoder, stats: &SymbolizerStats) -> fmt::R
     counter(
         out,
         "symbol_source_errors",
-        "Binaries or kallsyms that could not be read",
+        "Binaries, kallsyms or the kernel naming program that could not be read or run",
         resolver.source_errors,
+    )?;
+    labelled_counters(
+        out,
+        "kernel_addresses_named",
+        "Kernel addresses symbolized, by where their names came from: the kernel's own lookup \
+         (a BPF program run on demand) or /proc/kallsyms (where that program cannot run)",
+        "by",
+        &[
+            ("kernel", resolver.kernel_named),
+            ("kallsyms", resolver.kallsyms_named),
+        ],
     )?;
     let processes = stats.processes;
     gauge(

@@ -27,8 +27,8 @@ pub use stack::{FrameKind, Function, Line, Location, Mapping, SymbolizedSample, 
 use crate::{
     cgroup::{CgroupResolver, CgroupStats},
     collect::{
-        OpenFiles, ProcessNotice, ProcessSnapshot, RawBatch, ReadableBy, SnapshotReader, UNSAMPLED_CPU,
-        UNSAMPLED_CPU_STACK_ID,
+        KernelNamer, OpenFiles, ProcessNotice, ProcessSnapshot, RawBatch, ReadableBy, SnapshotReader,
+        UNSAMPLED_CPU, UNSAMPLED_CPU_STACK_ID,
     },
     procfs::ProcRoot,
     python::{names::PythonNameStats, prefetch::PythonNews},
@@ -73,12 +73,18 @@ pub struct Symbolizer {
 impl Symbolizer {
     /// `files` is the registry the process watcher opens files into too;
     /// `proc` where the sampled processes' /proc is.
-    pub fn new(worker: WorkerConfig, files: OpenFiles, proc: ProcRoot) -> Self {
+    /// `kernel_namer` names kernel addresses (None: kallsyms does).
+    pub fn new(
+        worker: WorkerConfig,
+        files: OpenFiles,
+        proc: ProcRoot,
+        kernel_namer: Option<KernelNamer>,
+    ) -> Self {
         // The snapshot reader finds the cgroup hierarchy once for both.
         let reader = SnapshotReader::new(files, proc.clone());
         let cgroups = CgroupResolver::new(proc.clone(), reader.cgroup_root());
         Self {
-            resolver: Resolver::new(worker),
+            resolver: Resolver::new(worker, kernel_namer),
             processes: ProcessTable::new(reader),
             kernel_mapping: Arc::new(Mapping {
                 start: 0,

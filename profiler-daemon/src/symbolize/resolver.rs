@@ -1,8 +1,9 @@
 //! Long-lived caches in front of the symbolizers: user frames by (file,
 //! file offset), resolved by the isolated worker process, so a library's
 //! symbols are shared by every process that maps it and survive the process;
-//! kernel frames by address, from kallsyms (read here: the kernel is not
-//! hostile input).
+//! kernel frames by address, named by the kernel (the sampler's
+//! `kernel_names` program), or from kallsyms where it cannot run (read
+//! here: the kernel is not hostile input).
 
 use std::{
     collections::{HashMap, HashSet},
@@ -10,7 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::collect::{FileKey, FileVersion, MappedFile};
+use crate::collect::{FileKey, FileVersion, KernelNamer, MappedFile};
 use crate::error::Chain;
 use crate::shares::Owner;
 
@@ -41,8 +42,12 @@ pub struct ResolverStats {
     pub cache_misses: u64,
     /// Addresses that could not be resolved (they keep a placeholder frame).
     pub unresolved: u64,
-    /// Files or kallsyms that could not be read at all.
+    /// Files or kallsyms that could not be read at all, or kernel naming
+    /// runs that failed.
     pub source_errors: u64,
+    /// Kernel addresses symbolized by the kernel's lookup / from kallsyms.
+    pub kernel_named: u64,
+    pub kallsyms_named: u64,
     /// Files whose own debug link was not followed.
     pub debug_links_refused: u64,
     /// Cached files that changed on disk (same inode, new size or mtime):
@@ -65,6 +70,9 @@ struct UserCache {
 }
 
 pub struct Resolver {
+    /// None where the kernel cannot name addresses for us (or failed to):
+    /// then `kernel_blaze` reads kallsyms.
+    kernel_namer: Option<KernelNamer>,
     kernel_blaze: Blaze,
     worker: WorkerClient,
     /// How long one batch may spend in the worker: a file that hangs it costs
@@ -103,8 +111,9 @@ impl Resolver {
         self.worker.perf_map(fd, identity, from, head_bytes)
     }
 
-    pub fn new(worker: WorkerConfig) -> Self {
+    pub fn new(worker: WorkerConfig, kernel_namer: Option<KernelNamer>) -> Self {
         Self {
+            kernel_namer,
             // We demangle ourselves so pprof can keep both names.
             kernel_blaze: Blaze::builder().enable_demangling(false).build(),
             batch_budget: worker.deadline,
@@ -185,7 +194,8 @@ impl Resolver {
         if !addresses.is_empty() {
             addresses.sort_unstable();
             addresses.dedup();
-            // kallsyms is read whole: a failure is not worth retrying per batch.
+            // kallsyms is read whole, and the namer is dropped at its first
+            // failure: a failure is not worth retrying per batch.
             let results = self.symbolize_kernel(&addresses).unwrap_or_else(|| {
                 self.stats.unresolved += addresses.len() as u64;
                 vec![None; addresses.len()]
@@ -338,8 +348,41 @@ impl Resolver {
         )
     }
 
-    /// Kernel addresses through kallsyms; None when it could not be read.
+    /// Kernel addresses, named by the kernel or through kallsyms; None
+    /// when neither could be read.
     fn symbolize_kernel(&mut self, addresses: &[u64]) -> Option<Vec<Option<Arc<[Line]>>>> {
+        if let Some(namer) = &mut self.kernel_namer {
+            match namer.names(addresses) {
+                Ok(names) => {
+                    self.stats.kernel_named += names.len() as u64;
+                    return Some(
+                        names
+                            .into_iter()
+                            .map(|name| match name {
+                                Some(name) => Some(kernel_line(&mut self.functions, &name)),
+                                None => {
+                                    self.stats.unresolved += 1;
+                                    None
+                                }
+                            })
+                            .collect(),
+                    );
+                }
+                Err(err) => {
+                    self.stats.source_errors += 1;
+                    tracing::warn!(
+                        "kernel frames named from /proc/kallsyms from now on: {}",
+                        Chain(&err)
+                    );
+                    self.kernel_namer = None;
+                }
+            }
+        }
+        self.symbolize_kallsyms(addresses)
+    }
+
+    /// Kernel addresses through kallsyms; None when it could not be read.
+    fn symbolize_kallsyms(&mut self, addresses: &[u64]) -> Option<Vec<Option<Arc<[Line]>>>> {
         let source = Source::Kernel(Kernel {
             // Debug info for the kernel is rarely installed and slow to parse.
             debug_syms: false,
@@ -353,21 +396,12 @@ impl Resolver {
                 return None;
             }
         };
+        self.stats.kallsyms_named += results.len() as u64;
         let mut out = Vec::with_capacity(results.len());
         for result in &results {
             match result {
-                Symbolized::Sym(sym) => {
-                    // kallsyms has names only: no inlining, no lines.
-                    let function = intern(
-                        &mut self.functions,
-                        Function {
-                            name: demangle(&sym.name).into(),
-                            system_name: sym.name.as_ref().into(),
-                            filename: None,
-                        },
-                    );
-                    out.push(Some(Arc::from([Line { function, line: 0 }])));
-                }
+                // kallsyms has names only: no inlining, no lines.
+                Symbolized::Sym(sym) => out.push(Some(kernel_line(&mut self.functions, &sym.name))),
                 Symbolized::Unknown(_) => {
                     self.stats.unresolved += 1;
                     out.push(None);
@@ -380,6 +414,19 @@ impl Resolver {
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+/// A kernel function's one line: kernel names have no inlining or lines here.
+fn kernel_line(functions: &mut HashSet<Arc<Function>>, name: &str) -> Arc<[Line]> {
+    let function = intern(
+        functions,
+        Function {
+            name: demangle(name).into(),
+            system_name: name.into(),
+            filename: None,
+        },
+    );
+    Arc::from([Line { function, line: 0 }])
 }
 
 fn intern(functions: &mut HashSet<Arc<Function>>, function: Function) -> Arc<Function> {
