@@ -35,12 +35,11 @@ use profilerd_tests::{
     serial,
 };
 /// Our BPF programs, as `bpftool prog show` names them.
-const PROGRAMS: [&str; 3] = ["sample", "on_exec", "on_exit"];
+const PROGRAMS: [&str; 4] = ["sample", "on_exec", "on_exit", "kernel_names"];
 /// The capabilities the unit grants (CapEff of the service's process).
-const UNIT_CAPS: [u32; 6] = [
+const UNIT_CAPS: [u32; 5] = [
     2,  // CAP_DAC_READ_SEARCH
     19, // CAP_SYS_PTRACE
-    34, // CAP_SYSLOG
     38, // CAP_PERFMON
     39, // CAP_BPF
     40, // CAP_CHECKPOINT_RESTORE
@@ -92,7 +91,8 @@ fn the_unit_runs_under_a_real_systemd() {
     let _split = assert_serves_hot_function(&ct, &http, "systemd-split.pb.gz", "after install");
     assert_names_a_host_unit(&ct, &http);
 
-    // Kernel frames named, not [unknown]: /proc/kallsyms readable, CAP_SYSLOG kept.
+    // Kernel frames named, not [unknown], without CAP_SYSLOG or /proc/kallsyms:
+    // the kernel names them (the kernel_names program).
     let (kernel, unknown) = kernel_locations(&http);
     assert!(
         kernel > 0 && unknown * 20 <= kernel,
