@@ -5,6 +5,7 @@
 //! users control, are parsed in a separate, unprivileged [`worker`] process.
 
 mod demangle;
+mod kernel_symbols;
 pub mod metrics;
 mod perf_maps;
 mod processes;

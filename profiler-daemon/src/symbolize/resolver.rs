@@ -12,16 +12,11 @@ use std::{
 };
 
 use crate::collect::{FileKey, FileVersion, KernelNamer, MappedFile};
-use crate::error::Chain;
 use crate::shares::Owner;
-
-use blazesym::symbolize::{
-    Input, Symbolized, Symbolizer as Blaze,
-    source::{Kernel, Source},
-};
 
 use super::{
     demangle::demangle,
+    kernel_symbols::KernelSymbols,
     stack::{Function, Line},
     worker::{FileIdentity, Symbols, WorkerClient, WorkerConfig, WorkerError, WorkerStats},
 };
@@ -70,10 +65,7 @@ struct UserCache {
 }
 
 pub struct Resolver {
-    /// None where the kernel cannot name addresses for us (or failed to):
-    /// then `kernel_blaze` reads kallsyms.
-    kernel_namer: Option<KernelNamer>,
-    kernel_blaze: Blaze,
+    kernel_symbols: KernelSymbols,
     worker: WorkerClient,
     /// How long one batch may spend in the worker: a file that hangs it costs
     /// this batch at most about this; the rest waits for a later batch.
@@ -113,9 +105,7 @@ impl Resolver {
 
     pub fn new(worker: WorkerConfig, kernel_namer: Option<KernelNamer>) -> Self {
         Self {
-            kernel_namer,
-            // We demangle ourselves so pprof can keep both names.
-            kernel_blaze: Blaze::builder().enable_demangling(false).build(),
+            kernel_symbols: KernelSymbols::new(kernel_namer),
             batch_budget: worker.deadline,
             worker: WorkerClient::new(worker),
             user: HashMap::new(),
@@ -196,11 +186,21 @@ impl Resolver {
             addresses.dedup();
             // kallsyms is read whole, and the namer is dropped at its first
             // failure: a failure is not worth retrying per batch.
-            let results = self.symbolize_kernel(&addresses).unwrap_or_else(|| {
-                self.stats.unresolved += addresses.len() as u64;
-                vec![None; addresses.len()]
-            });
-            self.kernel.extend(addresses.into_iter().zip(results));
+            let names = self
+                .kernel_symbols
+                .names(&addresses, &mut self.stats)
+                .unwrap_or_else(|| {
+                    self.stats.unresolved += addresses.len() as u64;
+                    vec![None; addresses.len()]
+                });
+            let functions = &mut self.functions;
+            self.kernel.extend(
+                addresses.into_iter().zip(
+                    names
+                        .iter()
+                        .map(|name| name.as_deref().map(|name| kernel_line(functions, name))),
+                ),
+            );
         }
     }
 
@@ -346,69 +346,6 @@ impl Resolver {
                 })
                 .collect(),
         )
-    }
-
-    /// Kernel addresses, named by the kernel or through kallsyms; None
-    /// when neither could be read.
-    fn symbolize_kernel(&mut self, addresses: &[u64]) -> Option<Vec<Option<Arc<[Line]>>>> {
-        if let Some(namer) = &mut self.kernel_namer {
-            match namer.names(addresses) {
-                Ok(names) => {
-                    self.stats.kernel_named += names.len() as u64;
-                    return Some(
-                        names
-                            .into_iter()
-                            .map(|name| match name {
-                                Some(name) => Some(kernel_line(&mut self.functions, &name)),
-                                None => {
-                                    self.stats.unresolved += 1;
-                                    None
-                                }
-                            })
-                            .collect(),
-                    );
-                }
-                Err(err) => {
-                    self.stats.source_errors += 1;
-                    tracing::warn!(
-                        "kernel frames named from /proc/kallsyms from now on: {}",
-                        Chain(&err)
-                    );
-                    self.kernel_namer = None;
-                }
-            }
-        }
-        self.symbolize_kallsyms(addresses)
-    }
-
-    /// Kernel addresses through kallsyms; None when it could not be read.
-    fn symbolize_kallsyms(&mut self, addresses: &[u64]) -> Option<Vec<Option<Arc<[Line]>>>> {
-        let source = Source::Kernel(Kernel {
-            // Debug info for the kernel is rarely installed and slow to parse.
-            debug_syms: false,
-            ..Kernel::default()
-        });
-        let results = match self.kernel_blaze.symbolize(&source, Input::AbsAddr(addresses)) {
-            Ok(results) => results,
-            Err(err) => {
-                self.stats.source_errors += 1;
-                tracing::debug!("kernel symbolization failed: {}", Chain(&err));
-                return None;
-            }
-        };
-        self.stats.kallsyms_named += results.len() as u64;
-        let mut out = Vec::with_capacity(results.len());
-        for result in &results {
-            match result {
-                // kallsyms has names only: no inlining, no lines.
-                Symbolized::Sym(sym) => out.push(Some(kernel_line(&mut self.functions, &sym.name))),
-                Symbolized::Unknown(_) => {
-                    self.stats.unresolved += 1;
-                    out.push(None);
-                }
-            }
-        }
-        Some(out)
     }
 }
 
