@@ -18,20 +18,36 @@ const ZERO_READER: &str = env!("WORKLOAD_ZERO_READER");
 /// its own.
 const NAME: &str = "kname_zeros";
 
-/// /proc/kallsyms: the names starting at each address (aliases share one).
-fn kallsyms() -> BTreeMap<u64, Vec<String>> {
+/// One symbol of /proc/kallsyms.
+struct Symbol {
+    name: String,
+    /// The module in brackets: `bpf` for a BPF program.
+    module: String,
+}
+
+/// /proc/kallsyms: the symbols starting at each address (aliases share one).
+fn kallsyms() -> BTreeMap<u64, Vec<Symbol>> {
     let text = std::fs::read_to_string("/proc/kallsyms").expect("reading /proc/kallsyms as root");
-    let mut symbols: BTreeMap<u64, Vec<String>> = BTreeMap::new();
+    let mut symbols: BTreeMap<u64, Vec<Symbol>> = BTreeMap::new();
     for line in text.lines() {
         let mut fields = line.split_whitespace();
         let (Some(address), Some(_kind), Some(name)) = (fields.next(), fields.next(), fields.next()) else {
             continue;
         };
         let address = u64::from_str_radix(address, 16).expect("a kallsyms address is hex");
-        symbols.entry(address).or_default().push(name.to_owned());
+        let module = fields
+            .next()
+            .unwrap_or_default()
+            .trim_matches(['[', ']'])
+            .to_owned();
+        let name = name.to_owned();
+        symbols.entry(address).or_default().push(Symbol { name, module });
     }
+    // Per-CPU symbols sit at 0 on some kernels even for root: ask for text.
     assert!(
-        symbols.len() > 1000 && !symbols.contains_key(&0),
+        symbols
+            .iter()
+            .any(|(&address, names)| address != 0 && names.iter().any(|symbol| symbol.name == "_stext")),
         "this test reads real kernel addresses: it runs as root"
     );
     symbols
@@ -50,7 +66,7 @@ fn every_kernel_frame_has_the_name_kallsyms_gives_its_address() {
     // Each kernel frame as the symbolizer looks it up: the leaf at its
     // address, the frames under it (return addresses) one byte before, in
     // the call (a call to a function that does not return can be the last
-    // instruction of its function).
+    // instruction of its function). Its name as the kernel spells it.
     let mut frames: BTreeMap<u64, String> = BTreeMap::new();
     for sample in &profile.samples {
         let kernel = sample
@@ -63,25 +79,40 @@ fn every_kernel_frame_has_the_name_kallsyms_gives_its_address() {
             } else {
                 frame.address - 1
             };
-            frames.insert(looked_up, frame.function.clone());
+            frames.insert(looked_up, frame.system_name.clone());
         }
     }
     assert!(
         frames.len() >= 20,
         "a system-wide profile with a process in read(2) has kernel frames: {frames:?}"
     );
-    let mut wrong = Vec::new();
+    let (mut wrong, mut compared) = (Vec::new(), 0);
     for (&address, function) in &frames {
-        let covering = symbols.range(..=address).next_back().map(|(_, names)| names);
-        if !covering.is_some_and(|names| names.contains(function)) {
-            wrong.push(format!("{address:#x}: {function:?}, kallsyms: {covering:?}"));
+        let covering = symbols.range(..=address).next_back().map(|(_, symbols)| symbols);
+        // A BPF program (another test's daemon in the suite's other lane)
+        // may be unloaded, and its address reused, between the sample and
+        // the read of kallsyms.
+        let bpf = |symbols: &Vec<Symbol>| symbols.iter().any(|symbol| symbol.module == "bpf");
+        if function.starts_with("bpf_prog_") || covering.is_some_and(bpf) {
+            continue;
+        }
+        compared += 1;
+        // Clang's LTO suffixes: the kernel's lookup drops them where kallsyms may not.
+        let plain = |name: &str| name.split(".llvm.").next().unwrap_or(name).to_owned();
+        if !covering.is_some_and(|symbols| {
+            symbols
+                .iter()
+                .any(|symbol| plain(&symbol.name) == plain(function))
+        }) {
+            let names: Option<Vec<&str>> =
+                covering.map(|symbols| symbols.iter().map(|symbol| symbol.name.as_str()).collect());
+            wrong.push(format!("{address:#x}: {function:?}, kallsyms: {names:?}"));
         }
     }
     assert!(
-        wrong.is_empty(),
-        "{} of {} kernel addresses named otherwise than by kallsyms:\n{}",
+        wrong.is_empty() && compared >= 20,
+        "{} of {compared} kernel addresses named otherwise than by kallsyms:\n{}",
         wrong.len(),
-        frames.len(),
         wrong.join("\n")
     );
     assert!(

@@ -11,18 +11,21 @@
 /// arguments.
 pub const KERNEL_NAMES_BATCH: usize = 12;
 
-/// Bytes kept of one name, its NUL included. The kernel allows 512
-/// (KSYM_NAME_LEN), but its C names are far shorter; a longer one (some
-/// Rust-for-Linux names) is kept cut, and still tells the function.
-pub const KERNEL_NAME_BYTES: usize = 256;
+/// Bytes of one print, its NUL included: the kernel's longest name
+/// (KSYM_NAME_LEN); a module's name after it may be cut.
+pub const KERNEL_NAME_BYTES: usize = 512;
 
-/// One run's names, as the kernel's `%pB` prints them: `name+off/size`,
-/// then ` [module]` for a module's code; `0x...` for an address that is no
-/// symbol's; empty when printing failed. Slot `i` is argument `i`'s.
+/// One run's names, as the kernel's `%ps` prints them: the name, then
+/// ` [module]` for a module's code; `0x...` for an address that is no
+/// symbol's. Slot `i` is argument `i`'s.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct KernelNames {
+    /// `bpf_snprintf`'s result for each slot: the bytes printed with the
+    /// NUL, or a negative errno (the slot's name is then empty); 0 for an
+    /// argument 0 (no address).
+    pub printed: [i64; KERNEL_NAMES_BATCH],
     pub names: [[u8; KERNEL_NAME_BYTES]; KERNEL_NAMES_BATCH],
 }
 
-const _: () = assert!(core::mem::size_of::<KernelNames>() == KERNEL_NAME_BYTES * KERNEL_NAMES_BATCH);
+const _: () = assert!(core::mem::size_of::<KernelNames>() == (8 + KERNEL_NAME_BYTES) * KERNEL_NAMES_BATCH);

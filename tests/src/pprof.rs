@@ -52,6 +52,8 @@ fn varint(bytes: &[u8], at: &mut usize) -> u64 {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Frame {
     pub function: String,
+    /// The function's name as the binary or the kernel spells it (mangled).
+    pub system_name: String,
     /// The function's file name (a source file, or "" when unknown).
     pub file: String,
     pub line: i64,
@@ -135,14 +137,18 @@ pub fn decode(gzipped: &[u8]) -> Profile {
         .map(|bytes| message("mapping", bytes))
         .map(|mapping| (varint_of(&mapping, 1), string(varint_of(&mapping, 5))))
         .collect();
-    // id -> (name, file)
-    let functions: HashMap<u64, (String, String)> = bytes_of(&profile, 5)
+    // id -> (name, system name, file)
+    let functions: HashMap<u64, (String, String, String)> = bytes_of(&profile, 5)
         .iter()
         .map(|bytes| message("function", bytes))
         .map(|function| {
             (
                 varint_of(&function, 1),
-                (string(varint_of(&function, 2)), string(varint_of(&function, 4))),
+                (
+                    string(varint_of(&function, 2)),
+                    string(varint_of(&function, 3)),
+                    string(varint_of(&function, 4)),
+                ),
             )
         })
         .collect();
@@ -159,9 +165,11 @@ pub fn decode(gzipped: &[u8]) -> Profile {
                 .iter()
                 .map(|bytes| message("line", bytes))
                 .map(|line| {
-                    let (function, file) = functions.get(&varint_of(&line, 1)).cloned().unwrap_or_default();
+                    let (function, system_name, file) =
+                        functions.get(&varint_of(&line, 1)).cloned().unwrap_or_default();
                     Frame {
                         function,
+                        system_name,
                         file,
                         // int64 on the wire: a negative line is a 10-byte varint.
                         line: varint_of(&line, 2) as i64,

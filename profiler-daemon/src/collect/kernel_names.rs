@@ -5,8 +5,9 @@
 //! every one of its symbols (122k here) for that, which cost the daemon
 //! tens of milliseconds of CPU at its first kernel frame and kept a table of
 //! megabytes. Asking for the few hundred addresses a profile has costs
-//! microseconds each, follows modules and BPF programs as they come and go,
-//! and keeps nothing. Old kernels without the helper keep the kallsyms path.
+//! microseconds each (module code and BPF programs included, as they are
+//! when asked) and keeps nothing. Old kernels without the helper keep the
+//! kallsyms path.
 
 use std::{
     io,
@@ -27,6 +28,16 @@ pub enum KernelNamesError {
     Read(#[source] aya::maps::MapError),
 }
 
+/// What the kernel said of one address.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KernelLookup {
+    Named(String),
+    /// No symbol covers it.
+    NoSymbol,
+    /// The print failed: worth asking again later.
+    Failed,
+}
+
 /// The loaded program and its output map.
 pub struct KernelNamer {
     program: OwnedFd,
@@ -38,9 +49,9 @@ impl KernelNamer {
         Self { program, names }
     }
 
-    /// The kernel's name of each address (None: no symbol covers it), in
-    /// order. Module code is named without its module, as kallsyms' lines.
-    pub fn names(&mut self, addresses: &[u64]) -> Result<Vec<Option<String>>, KernelNamesError> {
+    /// What the kernel says of each address, in order. Module code is
+    /// named without its module, as in kallsyms' lines.
+    pub fn names(&mut self, addresses: &[u64]) -> Result<Vec<KernelLookup>, KernelNamesError> {
         let mut out = Vec::with_capacity(addresses.len());
         for chunk in addresses.chunks(KERNEL_NAMES_BATCH) {
             let mut args = [0u64; KERNEL_NAMES_BATCH];
@@ -53,7 +64,8 @@ impl KernelNamer {
             out.extend(
                 printed.names[..chunk.len()]
                     .iter()
-                    .map(|bytes| function_name(bytes).map(str::to_owned)),
+                    .zip(printed.printed)
+                    .map(|(bytes, result)| lookup(bytes, result)),
             );
         }
         Ok(out)
@@ -88,67 +100,60 @@ impl KernelNamer {
     }
 }
 
-/// The function of one `%pB` print, `name+0x1c/0x80 [module]`: the name
-/// alone. None for an address no symbol covers (printed as `0x...`), or an
-/// empty print (the helper failed).
-fn function_name(printed: &[u8]) -> Option<&str> {
-    let end = printed
-        .iter()
-        .position(|&byte| byte == 0)
-        .unwrap_or(printed.len());
-    let text = std::str::from_utf8(&printed[..end]).ok()?;
-    if text.is_empty() || text.starts_with("0x") {
-        return None;
+/// One slot of a run: `printed` is `bpf_snprintf`'s result, `bytes` the
+/// print, `name [module]`, or `0x...` for an address no symbol covers.
+fn lookup(bytes: &[u8], printed: i64) -> KernelLookup {
+    if printed <= 0 {
+        return KernelLookup::Failed;
     }
-    // Kernel symbol names have neither spaces nor '+'; a name cut at the
-    // buffer's end has neither suffix.
-    let text = text.split_once(" [").map_or(text, |(name, _)| name);
-    let name = text.rsplit_once('+').map_or(text, |(name, _)| name);
-    (!name.is_empty()).then_some(name)
+    let end = bytes.iter().position(|&byte| byte == 0).unwrap_or(bytes.len());
+    let Ok(text) = std::str::from_utf8(&bytes[..end]) else {
+        return KernelLookup::Failed;
+    };
+    if text.starts_with("0x") {
+        return KernelLookup::NoSymbol;
+    }
+    // Kernel symbol names have no spaces; a module's name cut at the
+    // buffer's end is still cut off whole.
+    match text.split_once(" [").map_or(text, |(name, _)| name) {
+        "" => KernelLookup::Failed,
+        name => KernelLookup::Named(name.to_owned()),
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::function_name;
+    use super::{KernelLookup, lookup};
 
-    fn printed(text: &str) -> Vec<u8> {
+    fn named(text: &str) -> KernelLookup {
         let mut bytes = text.as_bytes().to_vec();
-        bytes.resize(256, 0);
-        bytes
+        bytes.resize(512, 0);
+        lookup(&bytes, text.len() as i64 + 1)
     }
 
     #[test]
-    fn a_print_gives_the_function_without_offset_or_module() {
+    fn a_print_gives_the_function_without_its_module() {
+        let name = |text: &str| KernelLookup::Named(text.to_owned());
+        assert_eq!(named("do_syscall_64"), name("do_syscall_64"));
+        assert_eq!(named("nft_do_chain [nf_tables]"), name("nft_do_chain"));
+        assert_eq!(named("nft_do_chain [nf_tab"), name("nft_do_chain"));
         assert_eq!(
-            function_name(&printed("do_syscall_64+0x8a/0x190")),
-            Some("do_syscall_64")
+            named("bpf_prog_6deef7357e7b4530_sample"),
+            name("bpf_prog_6deef7357e7b4530_sample")
         );
-        assert_eq!(
-            function_name(&printed("nft_do_chain+0x9c/0x4b0 [nf_tables]")),
-            Some("nft_do_chain")
-        );
-        assert_eq!(
-            function_name(&printed("bpf_prog_6deef7357e7b4530_sample+0x1f/0x3d0")),
-            Some("bpf_prog_6deef7357e7b4530_sample")
-        );
-        assert_eq!(
-            function_name(&printed("__memcpy.cold+0x0/0x12")),
-            Some("__memcpy.cold")
-        );
+        assert_eq!(named("__memcpy.cold"), name("__memcpy.cold"));
     }
 
     #[test]
-    fn no_symbol_or_no_print_is_no_name() {
-        assert_eq!(function_name(&printed("0xffffffffc0001234")), None);
-        assert_eq!(function_name(&printed("")), None);
-        assert_eq!(function_name(&printed("+0x0/0x10")), None);
-        assert_eq!(function_name(&[0xff, 0xfe, 0]), None);
+    fn an_address_no_symbol_covers_is_no_symbol() {
+        assert_eq!(named("0xffffffffc0001234"), KernelLookup::NoSymbol);
     }
 
     #[test]
-    fn a_name_cut_at_the_buffer_end_is_kept_as_far_as_it_goes() {
-        let long = "_RNvMs_NtCs1234_6kernel4sync".repeat(10);
-        let bytes = long.as_bytes()[..256].to_vec();
-        assert_eq!(function_name(&bytes), Some(&long[..256]));
+    fn a_failed_or_empty_print_is_asked_again() {
+        assert_eq!(lookup(&[0; 16], -16), KernelLookup::Failed);
+        assert_eq!(lookup(&[0; 16], 0), KernelLookup::Failed);
+        assert_eq!(named(""), KernelLookup::Failed);
+        assert_eq!(lookup(&[0xff, 0xfe, 0], 3), KernelLookup::Failed);
     }
 }

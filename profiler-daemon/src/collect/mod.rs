@@ -27,7 +27,7 @@ pub mod unwind_tables;
 mod watcher;
 
 pub use drain::Drainer;
-pub use kernel_names::{KernelNamer, KernelNamesError};
+pub use kernel_names::{KernelLookup, KernelNamer, KernelNamesError};
 pub use mapped_file::{
     DEFAULT_MAX_OPEN_FILES, FileKey, FileVersion, MappedFile, OpenFileStats, OpenFiles, Refusal,
 };

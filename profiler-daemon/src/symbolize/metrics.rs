@@ -122,14 +122,14 @@ fn encode_caches(out: &mut DescriptorEncoder, stats: &SymbolizerStats) -> fmt::R
     counter(
         out,
         "symbol_source_errors",
-        "Binaries, kallsyms or the kernel naming program that could not be read or run",
+        "Binaries or kallsyms that could not be read, and runs of the kernel naming program that failed",
         resolver.source_errors,
     )?;
     labelled_counters(
         out,
         "kernel_addresses_named",
-        "Kernel addresses symbolized, by where their names came from: the kernel's own lookup \
-         (a BPF program run on demand) or /proc/kallsyms (where that program cannot run)",
+        "Kernel addresses looked up, by where: the kernel's own lookup (a BPF program run on \
+         demand) or /proc/kallsyms (where that program cannot run)",
         "by",
         &[
             ("kernel", resolver.kernel_named),

@@ -11,7 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::collect::{FileKey, FileVersion, KernelNamer, MappedFile};
+use crate::collect::{FileKey, FileVersion, KernelLookup, KernelNamer, MappedFile};
 use crate::shares::Owner;
 
 use super::{
@@ -40,7 +40,7 @@ pub struct ResolverStats {
     /// Files or kallsyms that could not be read at all, or kernel naming
     /// runs that failed.
     pub source_errors: u64,
-    /// Kernel addresses symbolized by the kernel's lookup / from kallsyms.
+    /// Kernel addresses looked up by the kernel's lookup / in kallsyms.
     pub kernel_named: u64,
     pub kallsyms_named: u64,
     /// Files whose own debug link was not followed.
@@ -184,23 +184,21 @@ impl Resolver {
         if !addresses.is_empty() {
             addresses.sort_unstable();
             addresses.dedup();
-            // kallsyms is read whole, and the namer is dropped at its first
-            // failure: a failure is not worth retrying per batch.
-            let names = self
-                .kernel_symbols
-                .names(&addresses, &mut self.stats)
-                .unwrap_or_else(|| {
-                    self.stats.unresolved += addresses.len() as u64;
-                    vec![None; addresses.len()]
-                });
-            let functions = &mut self.functions;
-            self.kernel.extend(
-                addresses.into_iter().zip(
-                    names
-                        .iter()
-                        .map(|name| name.as_deref().map(|name| kernel_line(functions, name))),
-                ),
-            );
+            let lookups = self.kernel_symbols.names(&addresses, &mut self.stats);
+            for (address, lookup) in addresses.into_iter().zip(lookups) {
+                match lookup {
+                    KernelLookup::Named(name) => {
+                        let line = kernel_line(&mut self.functions, &name);
+                        self.kernel.insert(address, Some(line));
+                    }
+                    KernelLookup::NoSymbol => {
+                        self.stats.unresolved += 1;
+                        self.kernel.insert(address, None);
+                    }
+                    // Not cached: asked again when sampled again.
+                    KernelLookup::Failed => self.stats.unresolved += 1,
+                }
+            }
         }
     }
 
