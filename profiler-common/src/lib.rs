@@ -66,6 +66,7 @@ mod pod {
     unsafe impl aya::Pod for super::AllocBlock {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::AllocStackKey {}
-    // SAFETY: repr(C), an array of bytes: no padding, any bit pattern valid.
+    // SAFETY: repr(C), twelve i64s then bytes (asserted size, 8-aligned):
+    // no padding, any bit pattern valid.
     unsafe impl aya::Pod for super::KernelNames {}
 }

@@ -24,6 +24,8 @@ pub enum KernelNamesError {
     Run(#[source] io::Error),
     #[error("the kernel_names program failed ({0})")]
     Failed(u32),
+    #[error("the kernel_names program printed no name of {0} addresses (bpf_snprintf: {1})")]
+    Print(usize, i64),
     #[error("reading the names it printed")]
     Read(#[source] aya::maps::MapError),
 }
@@ -61,6 +63,13 @@ impl KernelNamer {
                 return Err(KernelNamesError::Failed(retval));
             }
             let printed = self.names.get(&0, 0).map_err(KernelNamesError::Read)?;
+            // Every print of a run failing says more of the program than of
+            // the addresses: a run failure (the namer is given up after a few).
+            // (`chunks` gives no empty chunk.)
+            let results = &printed.printed[..chunk.len()];
+            if results.iter().all(|&result| result < 0) {
+                return Err(KernelNamesError::Print(chunk.len(), results[0]));
+            }
             out.extend(
                 printed.names[..chunk.len()]
                     .iter()
@@ -107,27 +116,25 @@ fn lookup(bytes: &[u8], printed: i64) -> KernelLookup {
         return KernelLookup::Failed;
     }
     let end = bytes.iter().position(|&byte| byte == 0).unwrap_or(bytes.len());
-    let Ok(text) = std::str::from_utf8(&bytes[..end]) else {
-        return KernelLookup::Failed;
-    };
-    if text.starts_with("0x") {
-        return KernelLookup::NoSymbol;
-    }
-    // Kernel symbol names have no spaces; a module's name cut at the
-    // buffer's end is still cut off whole.
-    match text.split_once(" [").map_or(text, |(name, _)| name) {
-        "" => KernelLookup::Failed,
+    let text = String::from_utf8_lossy(&bytes[..end]);
+    // Kernel symbol names have no spaces: the module's name, even cut at
+    // the buffer's end, goes whole.
+    match text.split(' ').next().unwrap_or_default() {
+        "" => KernelLookup::NoSymbol,
+        unknown if unknown.starts_with("0x") => KernelLookup::NoSymbol,
         name => KernelLookup::Named(name.to_owned()),
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use profiler_common::KERNEL_NAME_BYTES;
+
     use super::{KernelLookup, lookup};
 
     fn named(text: &str) -> KernelLookup {
         let mut bytes = text.as_bytes().to_vec();
-        bytes.resize(512, 0);
+        bytes.resize(KERNEL_NAME_BYTES, 0);
         lookup(&bytes, text.len() as i64 + 1)
     }
 
@@ -137,6 +144,7 @@ mod tests {
         assert_eq!(named("do_syscall_64"), name("do_syscall_64"));
         assert_eq!(named("nft_do_chain [nf_tables]"), name("nft_do_chain"));
         assert_eq!(named("nft_do_chain [nf_tab"), name("nft_do_chain"));
+        assert_eq!(named("nft_do_chain "), name("nft_do_chain"));
         assert_eq!(
             named("bpf_prog_6deef7357e7b4530_sample"),
             name("bpf_prog_6deef7357e7b4530_sample")
@@ -150,10 +158,13 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_or_empty_print_is_asked_again() {
+    fn a_failed_print_is_asked_again_an_empty_one_is_no_symbol() {
         assert_eq!(lookup(&[0; 16], -16), KernelLookup::Failed);
         assert_eq!(lookup(&[0; 16], 0), KernelLookup::Failed);
-        assert_eq!(named(""), KernelLookup::Failed);
-        assert_eq!(lookup(&[0xff, 0xfe, 0], 3), KernelLookup::Failed);
+        assert_eq!(named(""), KernelLookup::NoSymbol);
+        assert_eq!(
+            lookup(&[b'a', 0xff, 0], 3),
+            KernelLookup::Named("a\u{fffd}".to_owned())
+        );
     }
 }

@@ -36,8 +36,9 @@ impl KernelSymbols {
         }
     }
 
-    /// What is known of each address, in order; `Failed` for every address
-    /// of a run that failed (they are asked again). Counted in `stats`.
+    /// What is known of each address, in order: `Failed` for every address
+    /// of a run of the naming program that failed (they are asked again),
+    /// `NoSymbol` for all when kallsyms cannot be read. Counted in `stats`.
     pub fn names(&mut self, addresses: &[u64], stats: &mut ResolverStats) -> Vec<KernelLookup> {
         if let Some(namer) = &mut self.namer {
             return match namer.names(addresses) {
@@ -83,9 +84,11 @@ impl KernelSymbols {
                     .collect()
             }
             Err(err) => {
+                // Read whole or not at all (unreadable, as under the unit):
+                // not worth asking again for the same addresses.
                 stats.source_errors += 1;
                 tracing::debug!("kernel symbolization failed: {}", Chain(&err));
-                vec![KernelLookup::Failed; addresses.len()]
+                vec![KernelLookup::NoSymbol; addresses.len()]
             }
         }
     }

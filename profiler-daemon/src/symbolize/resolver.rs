@@ -48,7 +48,8 @@ pub struct ResolverStats {
     /// Cached files that changed on disk (same inode, new size or mtime):
     /// their entry was replaced.
     pub files_replaced: u64,
-    /// Addresses left for a later batch: this batch's time budget was spent.
+    /// Addresses left for a later batch: this batch's time budget was
+    /// spent, or the kernel's naming of them failed.
     pub deferred: u64,
     /// Addresses of files whose descriptor the open-file bound had closed.
     pub files_closed: u64,
@@ -196,7 +197,7 @@ impl Resolver {
                         self.kernel.insert(address, None);
                     }
                     // Not cached: asked again when sampled again.
-                    KernelLookup::Failed => self.stats.unresolved += 1,
+                    KernelLookup::Failed => self.stats.deferred += 1,
                 }
             }
         }
