@@ -120,7 +120,14 @@ fn a_thread_life_of_cpu_time_matches_schedstat_in_pprof_and_threads() {
     let mut sum = 0;
     for thread in process["threads"].as_array().expect("a threads array") {
         let cpu_ns = thread["cpu_ns"].as_u64().expect("cpu_ns");
-        assert!(thread["samples"].as_u64().expect("samples") > 0, "{thread}");
+        // A thread that ran a millisecond or two (the main thread, starting
+        // the others) may have had no sample at 999 Hz: its CPU time is
+        // still there, read at a drain (issue 29). One that ran 20 ms has
+        // one but once in e^20.
+        assert!(
+            thread["samples"].as_u64().expect("samples") > 0 || cpu_ns < 20_000_000,
+            "{thread}"
+        );
         assert!(thread["tid"].as_u64().is_some(), "{thread}");
         sum += cpu_ns;
         from_threads.insert(

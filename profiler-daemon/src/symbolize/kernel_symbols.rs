@@ -8,7 +8,6 @@ use blazesym::symbolize::{
     source::{Kernel, Source},
 };
 
-use super::resolver::ResolverStats;
 use crate::{
     collect::{KernelLookup, KernelNamer},
     error::Chain,
@@ -18,7 +17,18 @@ use crate::{
 /// up for kallsyms: one failure may be passing (memory), three are not.
 const MAX_NAMER_FAILURES: u32 = 3;
 
+/// What naming kernel addresses did (cumulative).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct KernelStats {
+    /// Addresses looked up by the kernel's lookup / in kallsyms.
+    pub by_kernel: u64,
+    pub by_kallsyms: u64,
+    /// Runs of the naming program that failed, and kallsyms reads.
+    pub errors: u64,
+}
+
 pub struct KernelSymbols {
+    pub stats: KernelStats,
     /// None where the kernel cannot name addresses for us (or kept failing).
     namer: Option<KernelNamer>,
     namer_failures: u32,
@@ -29,6 +39,7 @@ pub struct KernelSymbols {
 impl KernelSymbols {
     pub fn new(namer: Option<KernelNamer>) -> Self {
         Self {
+            stats: KernelStats::default(),
             namer,
             namer_failures: 0,
             // We demangle ourselves so pprof can keep both names.
@@ -38,17 +49,17 @@ impl KernelSymbols {
 
     /// What is known of each address, in order: `Failed` for every address
     /// of a run of the naming program that failed (they are asked again),
-    /// `NoSymbol` for all when kallsyms cannot be read. Counted in `stats`.
-    pub fn names(&mut self, addresses: &[u64], stats: &mut ResolverStats) -> Vec<KernelLookup> {
+    /// `NoSymbol` for all when kallsyms cannot be read.
+    pub fn names(&mut self, addresses: &[u64]) -> Vec<KernelLookup> {
         if let Some(namer) = &mut self.namer {
             return match namer.names(addresses) {
                 Ok(names) => {
                     self.namer_failures = 0;
-                    stats.kernel_named += names.len() as u64;
+                    self.stats.by_kernel += names.len() as u64;
                     names
                 }
                 Err(err) => {
-                    stats.source_errors += 1;
+                    self.stats.errors += 1;
                     self.namer_failures += 1;
                     if self.namer_failures >= MAX_NAMER_FAILURES {
                         tracing::warn!(
@@ -63,10 +74,10 @@ impl KernelSymbols {
                 }
             };
         }
-        self.named_by_kallsyms(addresses, stats)
+        self.named_by_kallsyms(addresses)
     }
 
-    fn named_by_kallsyms(&mut self, addresses: &[u64], stats: &mut ResolverStats) -> Vec<KernelLookup> {
+    fn named_by_kallsyms(&mut self, addresses: &[u64]) -> Vec<KernelLookup> {
         let source = Source::Kernel(Kernel {
             // Debug info for the kernel is rarely installed and slow to parse.
             debug_syms: false,
@@ -74,7 +85,7 @@ impl KernelSymbols {
         });
         match self.kallsyms.symbolize(&source, Input::AbsAddr(addresses)) {
             Ok(results) => {
-                stats.kallsyms_named += results.len() as u64;
+                self.stats.by_kallsyms += results.len() as u64;
                 results
                     .iter()
                     .map(|result| match result {
@@ -86,7 +97,7 @@ impl KernelSymbols {
             Err(err) => {
                 // Read whole or not at all (unreadable, as under the unit):
                 // not worth asking again for the same addresses.
-                stats.source_errors += 1;
+                self.stats.errors += 1;
                 tracing::debug!("kernel symbolization failed: {}", Chain(&err));
                 vec![KernelLookup::NoSymbol; addresses.len()]
             }

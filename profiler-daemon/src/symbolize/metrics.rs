@@ -123,7 +123,7 @@ fn encode_caches(out: &mut DescriptorEncoder, stats: &SymbolizerStats) -> fmt::R
         out,
         "symbol_source_errors",
         "Binaries or kallsyms that could not be read, and runs of the kernel naming program that failed",
-        resolver.source_errors,
+        resolver.source_errors + resolver.kernel.errors,
     )?;
     labelled_counters(
         out,
@@ -132,8 +132,8 @@ fn encode_caches(out: &mut DescriptorEncoder, stats: &SymbolizerStats) -> fmt::R
          demand) or /proc/kallsyms (where that program cannot run)",
         "by",
         &[
-            ("kernel", resolver.kernel_named),
-            ("kallsyms", resolver.kallsyms_named),
+            ("kernel", resolver.kernel.by_kernel),
+            ("kallsyms", resolver.kernel.by_kallsyms),
         ],
     )?;
     let processes = stats.processes;

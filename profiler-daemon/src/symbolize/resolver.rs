@@ -16,7 +16,7 @@ use crate::shares::Owner;
 
 use super::{
     demangle::demangle,
-    kernel_symbols::KernelSymbols,
+    kernel_symbols::{KernelStats, KernelSymbols},
     stack::{Function, Line},
     worker::{FileIdentity, Symbols, WorkerClient, WorkerConfig, WorkerError, WorkerStats},
 };
@@ -37,12 +37,10 @@ pub struct ResolverStats {
     pub cache_misses: u64,
     /// Addresses that could not be resolved (they keep a placeholder frame).
     pub unresolved: u64,
-    /// Files or kallsyms that could not be read at all, or kernel naming
-    /// runs that failed.
+    /// Files that could not be read at all.
     pub source_errors: u64,
-    /// Kernel addresses looked up by the kernel's lookup / in kallsyms.
-    pub kernel_named: u64,
-    pub kallsyms_named: u64,
+    /// Naming kernel addresses.
+    pub kernel: KernelStats,
     /// Files whose own debug link was not followed.
     pub debug_links_refused: u64,
     /// Cached files that changed on disk (same inode, new size or mtime):
@@ -185,7 +183,8 @@ impl Resolver {
         if !addresses.is_empty() {
             addresses.sort_unstable();
             addresses.dedup();
-            let lookups = self.kernel_symbols.names(&addresses, &mut self.stats);
+            let lookups = self.kernel_symbols.names(&addresses);
+            self.stats.kernel = self.kernel_symbols.stats;
             for (address, lookup) in addresses.into_iter().zip(lookups) {
                 match lookup {
                     KernelLookup::Named(name) => {
