@@ -43,7 +43,6 @@ use nix::{
     errno::Errno,
     poll::{PollFd, PollFlags, PollTimeout, poll},
 };
-use prost::Message as _;
 
 use crate::error::Chain;
 pub use allocator_client::AllocatorError;
@@ -279,7 +278,7 @@ impl WorkerClient {
             protocol::recv_frame_without_fd(socket, MAX_RESPONSE_BYTES, || wait_readable(socket, deadline))
         });
         let body = answer.map_err(|err| self.lost(err, timeout))?;
-        Response::decode(&*body).map_err(|err| WorkerError::Protocol(err.to_string()))
+        protocol::decode_response(body).map_err(|err| WorkerError::Protocol(err.to_string()))
     }
 
     /// Classifies a failed exchange.

@@ -11,6 +11,8 @@ use std::{
     os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd},
 };
 
+use prost::Message as _;
+
 use nix::{
     errno::Errno,
     sys::socket::{self, AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag, SockType},
@@ -196,14 +198,18 @@ pub fn send_frame(
     message: &impl prost::Message,
     fd: Option<BorrowedFd<'_>>,
 ) -> Result<(), ProtocolError> {
-    let body = message.encode_to_vec();
-    let mut frame = Vec::with_capacity(4 + body.len());
+    // Encoded straight into the frame: an unwind table can be megabytes,
+    // and a second copy of it would be the worker's peak.
+    let len = message.encoded_len();
+    let mut frame = Vec::with_capacity(4 + len);
     frame.extend_from_slice(
-        &u32::try_from(body.len())
-            .map_err(|_| ProtocolError::TooLarge(body.len()))?
+        &u32::try_from(len)
+            .map_err(|_| ProtocolError::TooLarge(len))?
             .to_le_bytes(),
     );
-    frame.extend_from_slice(&body);
+    message
+        .encode(&mut frame)
+        .map_err(|_| ProtocolError::TooLarge(len))?;
     let mut sent = send_with_fd(socket, &frame, fd)?;
     while sent < frame.len() {
         sent += send_with_fd(socket, &frame[sent..], None)?;
@@ -364,6 +370,13 @@ fn recv_with_fd(
         return Err(ProtocolError::Closed);
     }
     Ok((message.bytes, received))
+}
+
+/// The worker's answer in a frame the daemon received. Decoded from
+/// `Bytes`, an unwind table's rows are a slice of the frame, not a copy: a
+/// table can be megabytes, and copies of it were the daemon's peak heap.
+pub fn decode_response(body: Vec<u8>) -> Result<Response, prost::DecodeError> {
+    Response::decode(bytes::Bytes::from(body))
 }
 
 /// Truncates `text` to at most `max` bytes on a character boundary.

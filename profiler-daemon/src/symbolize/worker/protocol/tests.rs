@@ -1,6 +1,6 @@
 use super::*;
 use nix::poll::{PollFd, PollFlags, poll};
-use prost::Message as _;
+use profiler_common::UnwindRow;
 use std::os::fd::AsFd;
 
 #[test]
@@ -23,6 +23,44 @@ fn frames_and_descriptors_cross_a_socket_pair() {
     let (body, fd) = recv_frame(b.as_fd(), MAX_REQUEST_BYTES, || Ok(())).expect("receive");
     assert_eq!(Request::decode(&*body).expect("decode"), request);
     assert!(fd.is_some(), "the descriptor should arrive with the frame");
+}
+
+/// An unwind table crosses as one copy in the daemon: its rows are read in
+/// place from the frame received, and the frame is encoded without a second
+/// buffer.
+#[test]
+fn an_unwind_table_is_decoded_in_place_from_its_frame() {
+    let rows: Vec<UnwindRow> = (0..4096)
+        .map(|pc| UnwindRow {
+            pc,
+            cfa_offset: 8,
+            rbp_offset: 0,
+            rules: 0,
+        })
+        .collect();
+    let response = Response {
+        unwind_table: Some(UnwindTable {
+            rows: UnwindTable::encode_rows(&rows),
+            ..UnwindTable::default()
+        }),
+        ..Response::default()
+    };
+    let (a, b) = socket_pair().expect("socketpair");
+    // Sent from a thread: the frame is larger than the socket's buffer.
+    std::thread::scope(|scope| {
+        scope.spawn(|| send_frame(a.as_fd(), &response, None).expect("send"));
+        let body = recv_frame_without_fd(b.as_fd(), MAX_RESPONSE_BYTES, || Ok(())).expect("receive");
+        let frame = body.as_ptr_range();
+        let frame = frame.start as usize..frame.end as usize;
+        let decoded = decode_response(body).expect("decode");
+        let table = decoded.unwind_table.expect("the table");
+        let rows_at = table.rows.as_ptr() as usize;
+        assert!(
+            frame.contains(&rows_at) && frame.contains(&(rows_at + table.rows.len() - 1)),
+            "the rows should be read in place from the frame {frame:#x?}, not copied to {rows_at:#x}"
+        );
+        assert_eq!(table.rows, response.unwind_table.as_ref().expect("sent").rows);
+    });
 }
 
 /// Whether every write end of the pipe `reader` reads from is closed.

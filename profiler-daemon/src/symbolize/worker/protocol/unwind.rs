@@ -17,9 +17,11 @@ pub const MAX_BUILD_ID_BYTES: usize = 64;
 /// [`UnwindTable::rows`] and [`UnwindTable::check_segments`] before use.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct UnwindTable {
-    /// Packed little-endian `UnwindRow`s, 8 bytes each.
-    #[prost(bytes = "vec", tag = "1")]
-    pub rows: Vec<u8>,
+    /// Packed little-endian `UnwindRow`s, 8 bytes each. `Bytes`: decoded
+    /// from a `Bytes` frame it is a slice of the frame, not a copy (a table
+    /// can be megabytes, and three copies of it were the daemon's peak heap).
+    #[prost(bytes = "bytes", tag = "1")]
+    pub rows: bytes::Bytes,
     /// FDEs whose rows are in the table.
     #[prost(uint32, tag = "2")]
     pub fdes: u32,
@@ -100,7 +102,7 @@ pub enum InvalidTable {
 
 impl UnwindTable {
     /// Packs rows as [`UnwindTable::rows`] reads them.
-    pub fn encode_rows(rows: &[UnwindRow]) -> Vec<u8> {
+    pub fn encode_rows(rows: &[UnwindRow]) -> bytes::Bytes {
         let mut bytes = Vec::with_capacity(size_of_val(rows));
         for row in rows {
             bytes.extend_from_slice(&row.pc.to_le_bytes());
@@ -108,7 +110,7 @@ impl UnwindTable {
             bytes.extend_from_slice(&row.rbp_offset.to_le_bytes());
             bytes.push(row.rules);
         }
-        bytes
+        bytes.into()
     }
 
     /// The rows, once checked to be what the walker may rely on: a whole
@@ -190,7 +192,7 @@ mod tests {
         ];
         assert_eq!(table(&rows).rows(), Ok(rows.to_vec()));
         assert_eq!(
-            UnwindTable::encode_rows(&rows[..1]),
+            UnwindTable::encode_rows(&rows[..1])[..],
             [0x00, 0x10, 0, 0, 2, 0, 0xfe, 0x11]
         );
     }
@@ -199,7 +201,7 @@ mod tests {
     fn what_a_subverted_worker_may_send_is_refused() {
         let end = row(0x2000, CfaRule::NoInfo, RbpRule::Unchanged);
         let mut ragged = table(&[end]);
-        ragged.rows.push(0);
+        ragged.rows = [&ragged.rows[..], &[0]].concat().into();
         assert_eq!(ragged.rows(), Err(InvalidTable::PartialRow(9)));
         assert_eq!(table(&[]).rows(), Err(InvalidTable::Empty));
         let first = row(0x1000, CfaRule::Rsp, RbpRule::Unchanged);
@@ -221,7 +223,7 @@ mod tests {
             Err(InvalidTable::UnknownRule(0, 0x30))
         );
         let too_many = UnwindTable {
-            rows: vec![0; (MAX_TABLE_ROWS + 1) * size_of::<UnwindRow>()],
+            rows: vec![0; (MAX_TABLE_ROWS + 1) * size_of::<UnwindRow>()].into(),
             ..UnwindTable::default()
         };
         assert_eq!(
