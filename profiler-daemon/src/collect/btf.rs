@@ -33,8 +33,87 @@ pub enum BtfError {
     NoMember { ty: String, member: String },
 }
 
+/// Bytes at an offset: the BTF file (`pread`), or a blob in tests.
+pub trait ReadAt {
+    /// Reads into `buf` from `offset`; fewer bytes only at the end.
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize>;
+}
+
+impl ReadAt for std::fs::File {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+        std::os::unix::fs::FileExt::read_at(self, buf, offset)
+    }
+}
+
+impl ReadAt for [u8] {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+        let rest = usize::try_from(offset)
+            .ok()
+            .and_then(|at| self.get(at..))
+            .unwrap_or_default();
+        let len = buf.len().min(rest.len());
+        buf[..len].copy_from_slice(&rest[..len]);
+        Ok(len)
+    }
+}
+
+/// Fills `buf` from `offset`, or says the data ends before.
+fn read_exact_at(source: &(impl ReadAt + ?Sized), buf: &mut [u8], offset: u64) -> Result<(), BtfError> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match source.read_at(&mut buf[filled..], offset + filled as u64) {
+            Ok(0) | Err(_) => return Err(BtfError::Truncated),
+            Ok(read) => filled += read,
+        }
+    }
+    Ok(())
+}
+
+/// Reads a section front to back through one buffer: the kernel's BTF is
+/// about 5 MB, and reading it whole, with a parsed copy of every type, was
+/// the daemon's peak heap (14 MB at start, three times what it holds after).
+struct Window<'a, R: ?Sized> {
+    source: &'a R,
+    end: u64,
+    base: u64,
+    buf: Vec<u8>,
+}
+
+impl<'a, R: ReadAt + ?Sized> Window<'a, R> {
+    const BYTES: usize = 64 << 10;
+
+    fn new(source: &'a R, end: u64) -> Self {
+        Self {
+            source,
+            end,
+            base: 0,
+            buf: Vec::new(),
+        }
+    }
+
+    /// The `len` bytes at `at` (`len` at most [`Self::BYTES`]).
+    fn get(&mut self, at: u64, len: usize) -> Result<&[u8], BtfError> {
+        let fits = |base: u64, buf: &[u8]| at >= base && at + len as u64 <= base + buf.len() as u64;
+        if !fits(self.base, &self.buf) {
+            let want = (Self::BYTES as u64).min(self.end.saturating_sub(at));
+            self.buf.resize(usize::try_from(want).unwrap_or(Self::BYTES), 0);
+            read_exact_at(self.source, &mut self.buf, at)?;
+            self.base = at;
+            if !fits(self.base, &self.buf) {
+                return Err(BtfError::Truncated);
+            }
+        }
+        let from = usize::try_from(at - self.base).unwrap_or(usize::MAX);
+        Ok(&self.buf[from..from + len])
+    }
+}
+
+fn u32_at(bytes: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
+}
+
+/// A type's record: its 12-byte header, and the members of a struct or union.
 struct Type {
-    name_off: u32,
     kind: u32,
     kind_flag: bool,
     /// Size, or referenced type id (typedef, const, ...).
@@ -43,111 +122,166 @@ struct Type {
     members: Vec<(u32, u32, u32)>,
 }
 
-pub struct Btf {
-    /// Index = type id; id 0 is `void`.
-    types: Vec<Option<Type>>,
-    strings: Vec<u8>,
+/// Just enough of a BTF blob to follow a path of members: where each type's
+/// record starts (4 bytes a type), read from `source` as needed.
+pub struct Btf<'a, R: ?Sized> {
+    source: &'a R,
+    types_at: u64,
+    strings_at: u64,
+    strings_len: u64,
+    /// Index = type id: the record's offset in the type section; id 0 is `void`.
+    records: Vec<u32>,
+    /// Ids of the structs named as asked.
+    named: Vec<u32>,
 }
 
-fn u32_at(data: &[u8], at: usize) -> Result<u32, BtfError> {
-    data.get(at..at + 4)
-        .map(|bytes| u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]))
-        .ok_or(BtfError::Truncated)
-}
+/// Anonymous members nest this deep at most (the kernel's go 2 or 3 deep).
+const MAX_NESTING: usize = 16;
 
-impl Btf {
-    pub fn parse(data: &[u8]) -> Result<Self, BtfError> {
-        if data.len() < 24 || u16::from_le_bytes([data[0], data[1]]) != MAGIC {
+impl<'a, R: ReadAt + ?Sized> Btf<'a, R> {
+    /// Indexes `source`'s types, noting the structs called `name`.
+    pub fn index(source: &'a R, name: &str) -> Result<Self, BtfError> {
+        let mut header = [0u8; 24];
+        read_exact_at(source, &mut header, 0).map_err(|_| BtfError::BadHeader)?;
+        if u16::from_le_bytes([header[0], header[1]]) != MAGIC {
             return Err(BtfError::BadHeader);
         }
-        let hdr_len = u32_at(data, 4)? as usize;
-        let (type_off, type_len) = (u32_at(data, 8)? as usize, u32_at(data, 12)? as usize);
-        let (str_off, str_len) = (u32_at(data, 16)? as usize, u32_at(data, 20)? as usize);
-        let section = |off: usize, len: usize| {
-            data.get(hdr_len + off..hdr_len + off + len)
-                .ok_or(BtfError::Truncated)
+        let hdr_len = u64::from(u32_at(&header, 4));
+        let (type_off, type_len) = (u64::from(u32_at(&header, 8)), u64::from(u32_at(&header, 12)));
+        let (str_off, str_len) = (u64::from(u32_at(&header, 16)), u64::from(u32_at(&header, 20)));
+        let mut btf = Self {
+            source,
+            types_at: hdr_len + type_off,
+            strings_at: hdr_len + str_off,
+            strings_len: str_len,
+            records: vec![0],
+            named: Vec::new(),
         };
-        let type_data = section(type_off, type_len)?;
-        let strings = section(str_off, str_len)?.to_vec();
-        let mut types = vec![None];
+        let names = btf.string_offsets(name)?;
+        let mut types = Window::new(source, btf.types_at + type_len);
         let mut at = 0;
-        while at < type_data.len() {
-            let info = u32_at(type_data, at + 4)?;
-            let vlen = (info & 0xffff) as usize;
+        while at < type_len {
+            let record = u32::try_from(at).map_err(|_| BtfError::Truncated)?;
+            let header = types.get(btf.types_at + at, 12)?;
+            let (name_off, info) = (u32_at(header, 0), u32_at(header, 4));
+            let vlen = u64::from(info & 0xffff);
             let kind = (info >> 24) & 0x1f;
-            let mut ty = Type {
-                name_off: u32_at(type_data, at)?,
-                kind,
-                kind_flag: info >> 31 == 1,
-                size_or_type: u32_at(type_data, at + 8)?,
-                members: Vec::new(),
-            };
-            at += 12;
-            let extra = match kind {
-                KIND_INT | KIND_VAR | KIND_DECL_TAG => 4,
-                KIND_ARRAY => 12,
-                KIND_STRUCT | KIND_UNION | KIND_DATASEC | KIND_ENUM64 => 12 * vlen,
-                KIND_ENUM | KIND_FUNC_PROTO => 8 * vlen,
-                _ => 0,
-            };
-            if kind == KIND_STRUCT || kind == KIND_UNION {
-                for member in 0..vlen {
-                    let base = at + member * 12;
-                    ty.members.push((
-                        u32_at(type_data, base)?,
-                        u32_at(type_data, base + 4)?,
-                        u32_at(type_data, base + 8)?,
-                    ));
+            if kind == KIND_STRUCT && names.contains(&name_off) {
+                btf.named
+                    .push(u32::try_from(btf.records.len()).map_err(|_| BtfError::Truncated)?);
+            }
+            btf.records.push(record);
+            at += 12
+                + match kind {
+                    KIND_INT | KIND_VAR | KIND_DECL_TAG => 4,
+                    KIND_ARRAY => 12,
+                    KIND_STRUCT | KIND_UNION | KIND_DATASEC | KIND_ENUM64 => 12 * vlen,
+                    KIND_ENUM | KIND_FUNC_PROTO => 8 * vlen,
+                    _ => 0,
+                };
+        }
+        if at != type_len {
+            return Err(BtfError::Truncated);
+        }
+        Ok(btf)
+    }
+
+    /// Offsets of the strings equal to `name`, found by streaming the string
+    /// section (every string follows a NUL: the section starts with "").
+    fn string_offsets(&self, name: &str) -> Result<Vec<u32>, BtfError> {
+        let needle = [b"\0", name.as_bytes(), b"\0"].concat();
+        let step = (Window::<R>::BYTES - needle.len()) as u64;
+        let mut strings = Window::new(self.source, self.strings_at + self.strings_len);
+        let mut found = Vec::new();
+        let mut at = 0;
+        while at + needle.len() as u64 <= self.strings_len {
+            let len = (Window::<R>::BYTES as u64).min(self.strings_len - at);
+            let chunk = strings.get(self.strings_at + at, usize::try_from(len).unwrap_or(0))?;
+            // Windows overlap by the needle's length less one: a match is
+            // seen in the window where it starts before `step`.
+            for (index, window) in chunk.windows(needle.len()).enumerate() {
+                if window == needle.as_slice() && (index as u64) < step {
+                    found.push(u32::try_from(at + index as u64 + 1).map_err(|_| BtfError::Truncated)?);
                 }
             }
-            at += extra;
-            types.push(Some(ty));
+            at += step;
         }
-        Ok(Self { types, strings })
+        Ok(found)
     }
 
-    fn name(&self, offset: u32) -> &[u8] {
-        let rest = self.strings.get(offset as usize..).unwrap_or_default();
-        &rest[..rest.iter().position(|&byte| byte == 0).unwrap_or(rest.len())]
+    /// Whether the string at `offset` is `wanted` (`""`: an anonymous member).
+    fn name_is(&self, offset: u32, wanted: &str) -> Result<bool, BtfError> {
+        let offset = u64::from(offset);
+        if offset >= self.strings_len {
+            return Err(BtfError::Truncated);
+        }
+        let len = (wanted.len() as u64 + 1).min(self.strings_len - offset);
+        let mut bytes = vec![0u8; usize::try_from(len).map_err(|_| BtfError::Truncated)?];
+        read_exact_at(self.source, &mut bytes, self.strings_at + offset)?;
+        Ok(bytes.strip_suffix(&[0]) == Some(wanted.as_bytes()))
     }
 
-    fn get(&self, id: u32) -> Option<&Type> {
-        self.types.get(id as usize)?.as_ref()
+    fn get(&self, id: u32) -> Result<Type, BtfError> {
+        let record = *self.records.get(id as usize).ok_or(BtfError::Truncated)?;
+        let at = self.types_at + u64::from(record);
+        let mut header = [0u8; 12];
+        read_exact_at(self.source, &mut header, at)?;
+        let info = u32_at(&header, 4);
+        let kind = (info >> 24) & 0x1f;
+        let mut members = Vec::new();
+        if kind == KIND_STRUCT || kind == KIND_UNION {
+            let mut bytes = vec![0u8; 12 * (info & 0xffff) as usize];
+            read_exact_at(self.source, &mut bytes, at + 12)?;
+            members = bytes
+                .as_chunks::<12>()
+                .0
+                .iter()
+                .map(|member| (u32_at(member, 0), u32_at(member, 4), u32_at(member, 8)))
+                .collect();
+        }
+        Ok(Type {
+            kind,
+            kind_flag: info >> 31 == 1,
+            size_or_type: u32_at(&header, 8),
+            members,
+        })
     }
 
     /// Follows typedefs and qualifiers to the underlying type.
-    fn resolve(&self, mut id: u32) -> Option<&Type> {
+    fn resolve(&self, mut id: u32) -> Result<Type, BtfError> {
         for _ in 0..32 {
             let ty = self.get(id)?;
             match ty.kind {
                 KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST | KIND_RESTRICT | KIND_TYPE_TAG => {
                     id = ty.size_or_type
                 }
-                _ => return Some(ty),
+                _ => return Ok(ty),
             }
         }
-        None
+        Err(BtfError::Truncated)
     }
 
-    /// Byte offset of `path` (e.g. `["se", "sum_exec_runtime"]`) inside `struct name`.
+    /// Byte offset of `path` (e.g. `["se", "sum_exec_runtime"]`) inside
+    /// the struct [`Btf::index`] was asked for (`name`).
     pub fn member_offset(&self, name: &str, path: &[&str]) -> Result<u32, BtfError> {
-        let mut ty = self
-            .types
-            .iter()
-            .flatten()
-            .find(|ty| ty.kind == KIND_STRUCT && self.name(ty.name_off) == name.as_bytes())
+        let first = *self
+            .named
+            .first()
             .ok_or_else(|| BtfError::NoStruct(name.to_owned()))?;
+        let mut ty = self.get(first)?;
         let mut offset_bits = 0;
         for (depth, member) in path.iter().enumerate() {
-            let (type_id, bits) = self.find_member(ty, member).ok_or_else(|| BtfError::NoMember {
-                ty: path[..depth]
-                    .iter()
-                    .fold(name.to_owned(), |acc, part| format!("{acc}.{part}")),
-                member: (*member).to_owned(),
-            })?;
+            let (type_id, bits) = self
+                .find_member(&ty, member, 0)?
+                .ok_or_else(|| BtfError::NoMember {
+                    ty: path[..depth]
+                        .iter()
+                        .fold(name.to_owned(), |acc, part| format!("{acc}.{part}")),
+                    member: (*member).to_owned(),
+                })?;
             offset_bits += bits;
             if depth + 1 < path.len() {
-                ty = self.resolve(type_id).ok_or(BtfError::Truncated)?;
+                ty = self.resolve(type_id)?;
             }
         }
         Ok(offset_bits / 8)
@@ -155,7 +289,7 @@ impl Btf {
 
     /// (type id, bit offset) of a member, looking inside anonymous structs and
     /// unions too (randomized layouts put fields in one).
-    fn find_member(&self, ty: &Type, wanted: &str) -> Option<(u32, u32)> {
+    fn find_member(&self, ty: &Type, wanted: &str, nesting: usize) -> Result<Option<(u32, u32)>, BtfError> {
         for &(name_off, type_id, raw_offset) in &ty.members {
             // With kind_flag, the top 8 bits hold a bitfield size.
             let bits = if ty.kind_flag {
@@ -163,19 +297,19 @@ impl Btf {
             } else {
                 raw_offset
             };
-            let name = self.name(name_off);
-            if name == wanted.as_bytes() {
-                return Some((type_id, bits));
+            if self.name_is(name_off, wanted)? {
+                return Ok(Some((type_id, bits)));
             }
-            if name.is_empty()
-                && let Some(inner) = self.resolve(type_id)
-                && matches!(inner.kind, KIND_STRUCT | KIND_UNION)
-                && let Some((id, inner_bits)) = self.find_member(inner, wanted)
-            {
-                return Some((id, bits + inner_bits));
+            if nesting < MAX_NESTING && self.name_is(name_off, "")? {
+                let inner = self.resolve(type_id)?;
+                if matches!(inner.kind, KIND_STRUCT | KIND_UNION)
+                    && let Some((id, inner_bits)) = self.find_member(&inner, wanted, nesting + 1)?
+                {
+                    return Ok(Some((id, bits + inner_bits)));
+                }
             }
         }
-        None
+        Ok(None)
     }
 }
 
@@ -194,8 +328,8 @@ pub struct TaskOffsets {
 
 pub fn task_offsets() -> Result<TaskOffsets, String> {
     const VMLINUX: &str = "/sys/kernel/btf/vmlinux";
-    let data = std::fs::read(VMLINUX).map_err(|err| format!("{VMLINUX}: {err}"))?;
-    let btf = Btf::parse(&data).map_err(|err| format!("{VMLINUX}: {err}"))?;
+    let file = std::fs::File::open(VMLINUX).map_err(|err| format!("{VMLINUX}: {err}"))?;
+    let btf = Btf::index(&file, "task_struct").map_err(|err| format!("{VMLINUX}: {err}"))?;
     let offset = |path: &[&str]| {
         btf.member_offset("task_struct", path)
             .map_err(|err| err.to_string())
@@ -209,88 +343,5 @@ pub fn task_offsets() -> Result<TaskOffsets, String> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A BTF blob: int; struct inner { int a; int b; }; struct outer { int x;
-    /// struct { struct inner in; }; } — the field sits in an anonymous struct.
-    fn blob() -> Vec<u8> {
-        let strings = b"\0int\0inner\0a\0b\0outer\0x\0in\0".to_vec();
-        let name = |s: &str| {
-            let needle = [s.as_bytes(), b"\0"].concat();
-            strings
-                .windows(needle.len())
-                .position(|w| w == needle)
-                .expect("name in table") as u32
-        };
-        let mut types = Vec::new();
-        let mut push = |words: &[u32]| {
-            words
-                .iter()
-                .for_each(|w| types.extend_from_slice(&w.to_le_bytes()))
-        };
-        push(&[name("int"), KIND_INT << 24, 4, 32]); // id 1
-        push(&[name("inner"), (KIND_STRUCT << 24) | 2, 8]); // id 2
-        push(&[name("a"), 1, 0]);
-        push(&[name("b"), 1, 32]);
-        push(&[0, (KIND_STRUCT << 24) | 1, 8]); // id 3: anonymous
-        push(&[name("in"), 2, 0]);
-        push(&[name("outer"), (KIND_STRUCT << 24) | 2, 16]); // id 4
-        push(&[name("x"), 1, 0]);
-        push(&[0, 3, 64]);
-        let mut data = Vec::new();
-        for word in [
-            u32::from(MAGIC) | (1 << 16),
-            24,
-            0,
-            types.len() as u32,
-            types.len() as u32,
-        ] {
-            data.extend_from_slice(&word.to_le_bytes());
-        }
-        data.extend_from_slice(&(strings.len() as u32).to_le_bytes());
-        data.extend_from_slice(&types);
-        data.extend_from_slice(&strings);
-        data
-    }
-
-    #[test]
-    fn finds_members_through_anonymous_structs() {
-        let btf = Btf::parse(&blob()).expect("valid blob");
-        assert_eq!(btf.member_offset("outer", &["x"]), Ok(0));
-        assert_eq!(btf.member_offset("outer", &["in", "b"]), Ok(8 + 4));
-        assert_eq!(
-            btf.member_offset("outer", &["in", "c"]),
-            Err(BtfError::NoMember {
-                ty: "outer.in".into(),
-                member: "c".into()
-            })
-        );
-        assert_eq!(
-            btf.member_offset("nope", &["x"]),
-            Err(BtfError::NoStruct("nope".into()))
-        );
-    }
-
-    #[test]
-    fn rejects_garbage() {
-        assert_eq!(
-            Btf::parse(b"not btf at all, not at all").err(),
-            Some(BtfError::BadHeader)
-        );
-        let mut truncated = blob();
-        truncated.truncate(40);
-        assert_eq!(Btf::parse(&truncated).err(), Some(BtfError::Truncated));
-    }
-
-    #[test]
-    fn finds_the_task_runtime_in_this_kernel() {
-        let offsets = task_offsets().expect("this kernel has BTF with task_struct.se.sum_exec_runtime");
-        for offset in [offsets.runtime, offsets.start_time] {
-            assert!(
-                offset > 0 && offset < 16384 && offset % 8 == 0,
-                "implausible offset {offset}"
-            );
-        }
-    }
-}
+#[path = "btf_tests.rs"]
+mod tests;
