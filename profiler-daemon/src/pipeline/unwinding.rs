@@ -68,7 +68,7 @@ pub(super) fn start_unwinding(
     )
     .on_python(move |detected: Detected| {
         let _ = found_tx.send(detected.clone());
-        let _ = news_tx.send(PythonNews::Found(detected));
+        let _ = news_tx.send(PythonNews::Found(Box::new(detected)));
     });
     unwinding.python = Some(manager.python_stats());
     unwinding.stats = Some(manager.stats());

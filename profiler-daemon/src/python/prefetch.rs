@@ -42,18 +42,22 @@ pub const READS_PER_SECOND_PER_PROCESS: u32 = 500;
 const FORGET_AFTER: Duration = Duration::from_secs(30);
 
 /// What the symbolizer learns of Python processes outside its batches.
+/// Payloads boxed: the queue (16,384 slots) is allocated whole at start, so
+/// each byte of the message is 16 KiB of the daemon's memory at rest.
 #[derive(Debug)]
 pub enum PythonNews {
     /// A CPython process the table manager found.
-    Found(Detected),
+    Found(Box<Detected>),
     /// A code object read ahead of its samples.
     Code {
         pid: u32,
         instance: u32,
         address: u64,
-        code: CodeObject,
+        code: Box<CodeObject>,
     },
 }
+
+const _: () = assert!(size_of::<PythonNews>() <= 32, "the news queue is allocated whole");
 
 /// Counters for /metrics.
 #[derive(Debug, Default)]
@@ -195,7 +199,7 @@ impl Prefetcher {
                     pid: seen.tgid,
                     instance,
                     address: seen.code,
-                    code,
+                    code: Box::new(code),
                 };
                 if self.to_symbolizer.try_send(news).is_err() {
                     self.stats.dropped.fetch_add(1, Ordering::Relaxed);

@@ -74,7 +74,7 @@ impl PythonFrames {
                 instance,
                 address,
                 code,
-            } => self.names.read_ahead(pid, instance, address, code),
+            } => self.names.read_ahead(pid, instance, address, *code),
         }
     }
 
