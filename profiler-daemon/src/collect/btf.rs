@@ -31,6 +31,8 @@ pub enum BtfError {
     NoStruct(String),
     #[error("member {member} not found in struct {ty}")]
     NoMember { ty: String, member: String },
+    #[error("reading BTF: {0}")]
+    Read(std::io::ErrorKind),
 }
 
 /// Bytes at an offset: the BTF file (`pread`), or a blob in tests.
@@ -62,8 +64,10 @@ fn read_exact_at(source: &(impl ReadAt + ?Sized), buf: &mut [u8], offset: u64) -
     let mut filled = 0;
     while filled < buf.len() {
         match source.read_at(&mut buf[filled..], offset + filled as u64) {
-            Ok(0) | Err(_) => return Err(BtfError::Truncated),
+            Ok(0) => return Err(BtfError::Truncated),
             Ok(read) => filled += read,
+            Err(err) if err.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(err) => return Err(BtfError::Read(err.kind())),
         }
     }
     Ok(())
@@ -103,6 +107,7 @@ impl<'a, R: ReadAt + ?Sized> Window<'a, R> {
                 return Err(BtfError::Truncated);
             }
         }
+        // `fits`: `at - base` is within the buffer, which is a usize long.
         let from = usize::try_from(at - self.base).unwrap_or(usize::MAX);
         Ok(&self.buf[from..from + len])
     }
@@ -122,10 +127,13 @@ struct Type {
     members: Vec<(u32, u32, u32)>,
 }
 
-/// Just enough of a BTF blob to follow a path of members: where each type's
-/// record starts (4 bytes a type), read from `source` as needed.
+/// Just enough of a BTF blob to follow a path of members of one struct:
+/// where each type's record starts (4 bytes a type), read from `source` as
+/// needed.
 pub struct Btf<'a, R: ?Sized> {
     source: &'a R,
+    /// The struct's name.
+    name: String,
     types_at: u64,
     strings_at: u64,
     strings_len: u64,
@@ -135,11 +143,17 @@ pub struct Btf<'a, R: ?Sized> {
     named: Vec<u32>,
 }
 
-/// Anonymous members nest this deep at most (the kernel's go 2 or 3 deep).
+/// Anonymous members nest this deep at most (the kernel's nest 2 or 3 deep).
 const MAX_NESTING: usize = 16;
+/// Records read in one search through anonymous members: the kernel's BTF
+/// has no member loops, but a struct embedding one anonymous struct many
+/// times over, 16 deep, would otherwise be read vlen^16 times.
+const MAX_VISITS: u32 = 4096;
 
 impl<'a, R: ReadAt + ?Sized> Btf<'a, R> {
-    /// Indexes `source`'s types, noting the structs called `name`.
+    /// Indexes `source`'s types, noting the structs called `name`. Names in
+    /// BTF start right after a NUL (the kernel's string table is a list of
+    /// whole strings), so only whole strings are looked for.
     pub fn index(source: &'a R, name: &str) -> Result<Self, BtfError> {
         let mut header = [0u8; 24];
         read_exact_at(source, &mut header, 0).map_err(|_| BtfError::BadHeader)?;
@@ -151,6 +165,7 @@ impl<'a, R: ReadAt + ?Sized> Btf<'a, R> {
         let (str_off, str_len) = (u64::from(u32_at(&header, 16)), u64::from(u32_at(&header, 20)));
         let mut btf = Self {
             source,
+            name: name.to_owned(),
             types_at: hdr_len + type_off,
             strings_at: hdr_len + str_off,
             strings_len: str_len,
@@ -158,6 +173,9 @@ impl<'a, R: ReadAt + ?Sized> Btf<'a, R> {
             named: Vec::new(),
         };
         let names = btf.string_offsets(name)?;
+        if names.is_empty() {
+            return Err(BtfError::NoStruct(name.to_owned()));
+        }
         let mut types = Window::new(source, btf.types_at + type_len);
         let mut at = 0;
         while at < type_len {
@@ -190,7 +208,14 @@ impl<'a, R: ReadAt + ?Sized> Btf<'a, R> {
     /// section (every string follows a NUL: the section starts with "").
     fn string_offsets(&self, name: &str) -> Result<Vec<u32>, BtfError> {
         let needle = [b"\0", name.as_bytes(), b"\0"].concat();
-        let step = (Window::<R>::BYTES - needle.len()) as u64;
+        // Windows must overlap by less than their length.
+        let Some(step) = Window::<R>::BYTES
+            .checked_sub(needle.len())
+            .filter(|&step| step > 0)
+        else {
+            return Ok(Vec::new());
+        };
+        let step = step as u64;
         let mut strings = Window::new(self.source, self.strings_at + self.strings_len);
         let mut found = Vec::new();
         let mut at = 0;
@@ -262,23 +287,24 @@ impl<'a, R: ReadAt + ?Sized> Btf<'a, R> {
     }
 
     /// Byte offset of `path` (e.g. `["se", "sum_exec_runtime"]`) inside
-    /// the struct [`Btf::index`] was asked for (`name`).
-    pub fn member_offset(&self, name: &str, path: &[&str]) -> Result<u32, BtfError> {
+    /// the struct [`Btf::index`] was asked for.
+    pub fn member_offset(&self, path: &[&str]) -> Result<u32, BtfError> {
         let first = *self
             .named
             .first()
-            .ok_or_else(|| BtfError::NoStruct(name.to_owned()))?;
+            .ok_or_else(|| BtfError::NoStruct(self.name.clone()))?;
         let mut ty = self.get(first)?;
         let mut offset_bits = 0;
         for (depth, member) in path.iter().enumerate() {
-            let (type_id, bits) = self
-                .find_member(&ty, member, 0)?
-                .ok_or_else(|| BtfError::NoMember {
-                    ty: path[..depth]
-                        .iter()
-                        .fold(name.to_owned(), |acc, part| format!("{acc}.{part}")),
-                    member: (*member).to_owned(),
-                })?;
+            let mut visits = 0;
+            let (type_id, bits) =
+                self.find_member(&ty, member, 0, &mut visits)?
+                    .ok_or_else(|| BtfError::NoMember {
+                        ty: path[..depth]
+                            .iter()
+                            .fold(self.name.clone(), |acc, part| format!("{acc}.{part}")),
+                        member: (*member).to_owned(),
+                    })?;
             offset_bits += bits;
             if depth + 1 < path.len() {
                 ty = self.resolve(type_id)?;
@@ -289,7 +315,13 @@ impl<'a, R: ReadAt + ?Sized> Btf<'a, R> {
 
     /// (type id, bit offset) of a member, looking inside anonymous structs and
     /// unions too (randomized layouts put fields in one).
-    fn find_member(&self, ty: &Type, wanted: &str, nesting: usize) -> Result<Option<(u32, u32)>, BtfError> {
+    fn find_member(
+        &self,
+        ty: &Type,
+        wanted: &str,
+        nesting: usize,
+        visits: &mut u32,
+    ) -> Result<Option<(u32, u32)>, BtfError> {
         for &(name_off, type_id, raw_offset) in &ty.members {
             // With kind_flag, the top 8 bits hold a bitfield size.
             let bits = if ty.kind_flag {
@@ -300,10 +332,11 @@ impl<'a, R: ReadAt + ?Sized> Btf<'a, R> {
             if self.name_is(name_off, wanted)? {
                 return Ok(Some((type_id, bits)));
             }
-            if nesting < MAX_NESTING && self.name_is(name_off, "")? {
+            if nesting < MAX_NESTING && *visits < MAX_VISITS && self.name_is(name_off, "")? {
+                *visits += 1;
                 let inner = self.resolve(type_id)?;
                 if matches!(inner.kind, KIND_STRUCT | KIND_UNION)
-                    && let Some((id, inner_bits)) = self.find_member(&inner, wanted, nesting + 1)?
+                    && let Some((id, inner_bits)) = self.find_member(&inner, wanted, nesting + 1, visits)?
                 {
                     return Ok(Some((id, bits + inner_bits)));
                 }
@@ -330,10 +363,7 @@ pub fn task_offsets() -> Result<TaskOffsets, String> {
     const VMLINUX: &str = "/sys/kernel/btf/vmlinux";
     let file = std::fs::File::open(VMLINUX).map_err(|err| format!("{VMLINUX}: {err}"))?;
     let btf = Btf::index(&file, "task_struct").map_err(|err| format!("{VMLINUX}: {err}"))?;
-    let offset = |path: &[&str]| {
-        btf.member_offset("task_struct", path)
-            .map_err(|err| err.to_string())
-    };
+    let offset = |path: &[&str]| btf.member_offset(path).map_err(|err| err.to_string());
     Ok(TaskOffsets {
         runtime: offset(&["se", "sum_exec_runtime"])?,
         start_time: offset(&["start_time"])?,

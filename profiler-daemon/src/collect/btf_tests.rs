@@ -3,12 +3,15 @@ use super::*;
 /// A BTF blob: int; struct inner { int a; int b; }; struct outer { int x;
 /// struct { struct inner in; }; } — the field sits in an anonymous struct.
 fn blob() -> Vec<u8> {
-    blob_after(0)
+    blob_with(0, 0, 0)
 }
 
-/// The blob, its names after a string of `padding` bytes: the string
-/// section is read in windows, and a name may straddle two.
-fn blob_after(padding: usize) -> Vec<u8> {
+/// The blob, its names after a string of `padding` bytes (the string
+/// section is read in windows, and a name may straddle two), `fillers` more
+/// records after its types (a volatile, then ints: the type section is read
+/// in windows too, and a record may straddle two), its type section said
+/// `cut` bytes shorter than it is.
+fn blob_with(padding: usize, fillers: usize, cut: u32) -> Vec<u8> {
     let mut strings = b"\0".to_vec();
     if padding > 0 {
         strings.extend(std::iter::repeat_n(b'p', padding - 1));
@@ -37,12 +40,18 @@ fn blob_after(padding: usize) -> Vec<u8> {
     push(&[name("outer"), (KIND_STRUCT << 24) | 2, 16]); // id 4
     push(&[name("x"), 1, 0]);
     push(&[0, 3, 64]);
+    if fillers > 0 {
+        push(&[0, KIND_VOLATILE << 24, 1]); // 12 bytes: the ints after straddle
+        for _ in 1..fillers {
+            push(&[name("int"), KIND_INT << 24, 4, 32]);
+        }
+    }
     let mut data = Vec::new();
     for word in [
         u32::from(MAGIC) | (1 << 16),
         24,
         0,
-        types.len() as u32,
+        types.len() as u32 - cut,
         types.len() as u32,
     ] {
         data.extend_from_slice(&word.to_le_bytes());
@@ -57,19 +66,18 @@ fn blob_after(padding: usize) -> Vec<u8> {
 fn finds_members_through_anonymous_structs() {
     let blob = blob();
     let btf = Btf::index(&blob[..], "outer").expect("valid blob");
-    assert_eq!(btf.member_offset("outer", &["x"]), Ok(0));
-    assert_eq!(btf.member_offset("outer", &["in", "b"]), Ok(8 + 4));
+    assert_eq!(btf.member_offset(&["x"]), Ok(0));
+    assert_eq!(btf.member_offset(&["in", "b"]), Ok(8 + 4));
     assert_eq!(
-        btf.member_offset("outer", &["in", "c"]),
+        btf.member_offset(&["in", "c"]),
         Err(BtfError::NoMember {
             ty: "outer.in".into(),
             member: "c".into()
         })
     );
-    let nope = Btf::index(&blob[..], "nope").expect("valid blob");
     assert_eq!(
-        nope.member_offset("nope", &["x"]),
-        Err(BtfError::NoStruct("nope".into()))
+        Btf::index(&blob[..], "nope").err(),
+        Some(BtfError::NoStruct("nope".into()))
     );
 }
 
@@ -79,21 +87,38 @@ fn finds_a_name_wherever_it_falls_in_the_string_windows() {
     // "outer" is 13 bytes after the padding: whole in the first window,
     // across its end at each of its bytes, and whole in the second.
     for padding in (WINDOW - 24)..(WINDOW - 4) {
-        let blob = blob_after(padding);
+        let blob = blob_with(padding, 0, 0);
         let btf = Btf::index(&blob[..], "outer").expect("valid blob");
-        assert_eq!(
-            btf.member_offset("outer", &["in", "b"]),
-            Ok(12),
-            "padding {padding}"
-        );
+        assert_eq!(btf.member_offset(&["in", "b"]), Ok(12), "padding {padding}");
     }
-    // A string that only ends with the name is not the name.
+    // Whole strings only: "uter" ends one, and is none.
     let blob = blob();
+    let btf = Btf::index(&blob[..], "outer").expect("valid blob");
+    let strings = &blob[btf.strings_at as usize..];
+    let outer = btf.string_offsets("outer").expect("strings");
+    assert_eq!(outer.len(), 1);
+    assert!(strings[outer[0] as usize..].starts_with(b"outer\0"));
+    assert_eq!(btf.string_offsets("uter"), Ok(Vec::new()));
+}
+
+/// The type section read in windows: the struct is found, and the records
+/// past it indexed, whatever straddles a window's end.
+#[test]
+fn indexes_a_type_section_longer_than_a_window() {
+    const WINDOW: usize = Window::<[u8]>::BYTES;
+    let fillers = WINDOW * 3 / 2 / 16;
+    let blob = blob_with(0, fillers, 0);
+    let btf = Btf::index(&blob[..], "outer").expect("valid blob");
     assert_eq!(
-        Btf::index(&blob[..], "uter")
-            .expect("valid blob")
-            .member_offset("uter", &["x"]),
-        Err(BtfError::NoStruct("uter".into()))
+        btf.records.len(),
+        1 + 4 + fillers,
+        "void, the 4 types and the fillers"
+    );
+    assert_eq!(btf.member_offset(&["in", "b"]), Ok(12));
+    // A section said to end inside its last record.
+    assert_eq!(
+        Btf::index(&blob_with(0, fillers, 4)[..], "outer").err(),
+        Some(BtfError::Truncated)
     );
 }
 

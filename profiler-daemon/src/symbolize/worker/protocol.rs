@@ -11,12 +11,11 @@ use std::{
     os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd},
 };
 
-use prost::Message as _;
-
 use nix::{
     errno::Errno,
     sys::socket::{self, AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag, SockType},
 };
+use prost::Message as _;
 
 mod unwind;
 pub use unwind::{
@@ -207,6 +206,7 @@ pub fn send_frame(
             .map_err(|_| ProtocolError::TooLarge(len))?
             .to_le_bytes(),
     );
+    // A Vec grows as needed: encoding into one does not fail.
     message
         .encode(&mut frame)
         .map_err(|_| ProtocolError::TooLarge(len))?;

@@ -30,7 +30,7 @@ fn frames_and_descriptors_cross_a_socket_pair() {
 /// buffer.
 #[test]
 fn an_unwind_table_is_decoded_in_place_from_its_frame() {
-    let rows: Vec<UnwindRow> = (0..4096)
+    let rows: Vec<UnwindRow> = (0..65536)
         .map(|pc| UnwindRow {
             pc,
             cfa_offset: 8,
@@ -46,9 +46,14 @@ fn an_unwind_table_is_decoded_in_place_from_its_frame() {
         ..Response::default()
     };
     let (a, b) = socket_pair().expect("socketpair");
-    // Sent from a thread: the frame is larger than the socket's buffer.
+    // Sent from a thread: the frame (512 KiB) is larger than the socket's
+    // buffer. The thread owns its end: a failed send closes it, and the
+    // receive fails rather than waits.
     std::thread::scope(|scope| {
-        scope.spawn(|| send_frame(a.as_fd(), &response, None).expect("send"));
+        scope.spawn(|| {
+            let a = a;
+            send_frame(a.as_fd(), &response, None).expect("send");
+        });
         let body = recv_frame_without_fd(b.as_fd(), MAX_RESPONSE_BYTES, || Ok(())).expect("receive");
         let frame = body.as_ptr_range();
         let frame = frame.start as usize..frame.end as usize;
