@@ -286,7 +286,10 @@ impl<'c> Compiler<'c> {
         let mut sources: Vec<u8> = kept.iter().map(|span| span.source).collect();
         sources.sort_unstable();
         sources.dedup();
-        let mut rows: Vec<UnwindRow> = Vec::new();
+        // Each kept FDE's rows and a NoInfo row at most: no regrowth, whose
+        // copies were a large file's peak in the worker.
+        let mut rows: Vec<UnwindRow> =
+            Vec::with_capacity(kept.iter().map(|span| span.len as usize + 1).sum());
         let mut before = 0u64;
         let limit = self.limits.table_rows;
         let mut push = |row: UnwindRow| -> Result<(), TableError> {
@@ -333,7 +336,8 @@ impl<'c> Compiler<'c> {
     fn resolve_overlaps(&mut self) -> Vec<Span> {
         self.spans
             .sort_by_key(|span| (span.source, span.start, span.order));
-        let mut kept: Vec<Span> = Vec::new();
+        // At most every span: no regrowth (a large file has 100,000s).
+        let mut kept: Vec<Span> = Vec::with_capacity(self.spans.len());
         let mut level_start = 0;
         while level_start < self.spans.len() {
             let source = self.spans[level_start].source;
