@@ -145,9 +145,10 @@ pub struct Btf<'a, R: ?Sized> {
 
 /// Anonymous members nest this deep at most (the kernel's nest 2 or 3 deep).
 const MAX_NESTING: usize = 16;
-/// Records read in one search through anonymous members: the kernel's BTF
-/// has no member loops, but a struct embedding one anonymous struct many
-/// times over, 16 deep, would otherwise be read vlen^16 times.
+/// Anonymous members entered in one search, each a chain of qualifiers to
+/// a struct and its members; past this, the member is reported not found.
+/// The kernel's BTF has no member loops, but a struct embedding one
+/// anonymous struct many times over, 16 deep, would be read vlen^16 times.
 const MAX_VISITS: u32 = 4096;
 
 impl<'a, R: ReadAt + ?Sized> Btf<'a, R> {
@@ -156,7 +157,10 @@ impl<'a, R: ReadAt + ?Sized> Btf<'a, R> {
     /// whole strings), so only whole strings are looked for.
     pub fn index(source: &'a R, name: &str) -> Result<Self, BtfError> {
         let mut header = [0u8; 24];
-        read_exact_at(source, &mut header, 0).map_err(|_| BtfError::BadHeader)?;
+        read_exact_at(source, &mut header, 0).map_err(|err| match err {
+            BtfError::Truncated => BtfError::BadHeader,
+            other => other,
+        })?;
         if u16::from_le_bytes([header[0], header[1]]) != MAGIC {
             return Err(BtfError::BadHeader);
         }

@@ -79,6 +79,9 @@ fn finds_members_through_anonymous_structs() {
         Btf::index(&blob[..], "nope").err(),
         Some(BtfError::NoStruct("nope".into()))
     );
+    // A member's name, not a struct's.
+    let member = Btf::index(&blob[..], "in").expect("valid blob");
+    assert_eq!(member.member_offset(&["x"]), Err(BtfError::NoStruct("in".into())));
 }
 
 #[test]

@@ -53,10 +53,12 @@ pub(super) fn unwind_table(fd: &OwnedFd) -> Result<(UnwindTable, Vec<u8>), Strin
         return Err("not an x86-64 file".into());
     }
     let (segments, code) = load_segments(header, &cache)?;
-    let python = python_symbols(fd, &segments)?;
+    let python = python_symbols(fd, &segments);
     let build_id = build_id(header, &cache);
     let mut compiler = Compiler::new(&code, Limits::FILE);
     add_sections(&mut compiler, header, &cache, Origin::File)?;
+    // What was read of the file is no longer needed: the rows are copied.
+    drop(cache);
     if let Some(path) = system_debug_file(&build_id) {
         let debug_file = std::fs::OpenOptions::new()
             .read(true)
@@ -68,8 +70,6 @@ pub(super) fn unwind_table(fd: &OwnedFd) -> Result<(UnwindTable, Vec<u8>), Strin
             Header::parse(&debug_cache).map_err(|err| format!("debug file {}: {err}", path.display()))?;
         add_sections(&mut compiler, debug_header, &debug_cache, Origin::DebugFile)?;
     }
-    // What was read of the file is no longer needed: the rows are copied.
-    drop(cache);
     let Compiled {
         rows,
         fdes,
@@ -95,11 +95,12 @@ pub(super) fn unwind_table(fd: &OwnedFd) -> Result<(UnwindTable, Vec<u8>), Strin
 /// Whether the file is a CPython interpreter, read through a cache of its
 /// own, dropped before the table is compiled: the search reads every
 /// dynamic symbol's name, and a large binary's (node's 74,000) cached were
-/// 9.6 MB, held through the compile.
-fn python_symbols(fd: &OwnedFd, segments: &[LoadSegment]) -> Result<Option<PythonSymbols>, String> {
-    let cache = ReadCache::new(File::from(fd.try_clone().map_err(|err| format!("dup: {err}"))?));
-    let header = Header::parse(&cache).map_err(|err| format!("not a 64-bit ELF file: {err}"))?;
-    Ok(python_elf::python_symbols(header, &cache, segments))
+/// 9.6 MB, held through the compile. A failure here costs the file its
+/// Python frames, never its table.
+fn python_symbols(fd: &OwnedFd, segments: &[LoadSegment]) -> Option<PythonSymbols> {
+    let cache = ReadCache::new(File::from(fd.try_clone().ok()?));
+    let header = Header::parse(&cache).ok()?;
+    python_elf::python_symbols(header, &cache, segments)
 }
 
 /// The PT_LOAD segments (for the daemon's bias), and the address ranges of

@@ -288,8 +288,12 @@ impl<'c> Compiler<'c> {
         sources.dedup();
         // Each kept FDE's rows and a NoInfo row at most: no regrowth, whose
         // copies were a large file's peak in the worker.
-        let mut rows: Vec<UnwindRow> =
-            Vec::with_capacity(kept.iter().map(|span| span.len as usize + 1).sum());
+        let mut rows: Vec<UnwindRow> = Vec::with_capacity(
+            kept.iter()
+                .map(|span| span.len as usize + 1)
+                .sum::<usize>()
+                .min(self.limits.table_rows),
+        );
         let mut before = 0u64;
         let limit = self.limits.table_rows;
         let mut push = |row: UnwindRow| -> Result<(), TableError> {

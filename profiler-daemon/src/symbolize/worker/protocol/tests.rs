@@ -47,13 +47,14 @@ fn an_unwind_table_is_decoded_in_place_from_its_frame() {
     };
     let (a, b) = socket_pair().expect("socketpair");
     // Sent from a thread: the frame (512 KiB) is larger than the socket's
-    // buffer. The thread owns its end: a failed send closes it, and the
-    // receive fails rather than waits.
+    // buffer. Each side owns its end: a failed send closes it and the
+    // receive fails, a failed receive closes it and the send fails.
     std::thread::scope(|scope| {
         scope.spawn(|| {
             let a = a;
             send_frame(a.as_fd(), &response, None).expect("send");
         });
+        let b = b;
         let body = recv_frame_without_fd(b.as_fd(), MAX_RESPONSE_BYTES, || Ok(())).expect("receive");
         let frame = body.as_ptr_range();
         let frame = frame.start as usize..frame.end as usize;
