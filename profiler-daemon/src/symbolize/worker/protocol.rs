@@ -199,13 +199,11 @@ pub fn send_frame(
 ) -> Result<(), ProtocolError> {
     // Encoded straight into the frame: an unwind table can be megabytes,
     // and a second copy of it would be the worker's peak.
+    // The length is checked before the frame is allocated.
     let len = message.encoded_len();
+    let header = u32::try_from(len).map_err(|_| ProtocolError::TooLarge(len))?;
     let mut frame = Vec::with_capacity(4 + len);
-    frame.extend_from_slice(
-        &u32::try_from(len)
-            .map_err(|_| ProtocolError::TooLarge(len))?
-            .to_le_bytes(),
-    );
+    frame.extend_from_slice(&header.to_le_bytes());
     // A Vec grows as needed: encoding into one does not fail.
     message
         .encode(&mut frame)
