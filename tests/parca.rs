@@ -67,6 +67,12 @@ fn assert_same_shares(
     own: &std::collections::HashMap<String, i64>,
     what: &str,
 ) {
+    // The totals tell a real disagreement from two different sets of samples.
+    eprintln!(
+        "{what}: {} samples in Parca, {} in /top",
+        parca.values().sum::<i64>() / PERIOD_NS,
+        own.values().sum::<i64>()
+    );
     for function in ["hot_a", "hot_b"] {
         let (theirs, ours) = (share(parca, function), share(own, function));
         eprintln!(
@@ -100,6 +106,17 @@ fn parca_scrapes_the_go_endpoint_and_sees_the_same_shares_as_top() {
     );
     let parca = Parca::start("scrape", &scrape);
     let started = now_ms();
+    let every = format!("{CPU}{{job=\"profilerd\"}}");
+    // The workload starts once Parca has stored a scrape and a second is
+    // under way (Parca's next tick is due as one ends), so every sample it
+    // takes lies in a scraped window. Started with Parca instead, its first
+    // seconds fell before the first scrape on a loaded machine, where
+    // profilerd's /top still had them: the two compared different samples
+    // (143 against 165) and their shares differed by 2.01 points.
+    wait_until(Duration::from_secs(60), "Parca's first scrape", || {
+        parca.holds_profiles(&every, started, now_ms())
+    });
+    std::thread::sleep(Duration::from_secs(1));
     let workload = Workload::spawn_as(SPLIT, NAME, &["16"]);
     let pid = workload.pid();
     workload.wait();
@@ -107,7 +124,7 @@ fn parca_scrapes_the_go_endpoint_and_sees_the_same_shares_as_top() {
     std::thread::sleep(Duration::from_secs(11));
     let ended = now_ms();
     let query = format!("{CPU}{{job=\"profilerd\",comm=\"{NAME}\"}}");
-    let scrapes = parca.profiles(&format!("{CPU}{{job=\"profilerd\"}}"), started, ended);
+    let scrapes = parca.profiles(&every, started, ended);
     assert!(
         scrapes.len() >= 3,
         "expected Parca to have scraped at least 3 profiles in 27 s, got {scrapes:?}\n{}",

@@ -47,6 +47,7 @@ fn split_workload_by_pid_gives_known_shares_and_full_stacks() {
 
     let hot_a = share(count(&lines, |line| line.has_frame("hot_a")), total);
     let hot_b = share(count(&lines, |line| line.has_frame("hot_b")), total);
+    eprintln!("hot_a {hot_a:.1}%, hot_b {hot_b:.1}% of {total} samples");
     assert!(
         (70.0..=80.0).contains(&hot_a),
         "hot_a should be 75±5% of samples, got {hot_a:.1}%"

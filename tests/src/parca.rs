@@ -203,17 +203,31 @@ impl Parca {
         format!("127.0.0.1:{}", self.port)
     }
 
+    /// Runs the query tool once with `args`.
+    fn ask(&self, args: &[&str]) -> std::process::Output {
+        Command::new(query_tool())
+            .args(["-addr", &self.addr()])
+            .args(args)
+            .output()
+            .expect("running parca_query")
+    }
+
+    /// Whether Parca holds a profile `query` selects in [start_ms, end_ms]
+    /// yet: asked once, an error (Parca has nothing at all yet) is a no.
+    pub fn holds_profiles(&self, query: &str, start_ms: u64, end_ms: u64) -> bool {
+        let output = self.ask(&["range", query, &start_ms.to_string(), &end_ms.to_string()]);
+        output.status.success()
+            && serde_json::from_slice::<serde_json::Value>(&output.stdout)
+                .is_ok_and(|json| json.as_array().is_some_and(|points| !points.is_empty()))
+    }
+
     /// Asks Parca; "not found" is asked again for up to 15 s, since what
     /// Parca accepted becomes queryable a moment later (later still on a
     /// busy machine).
     fn query(&self, args: &[&str]) -> serde_json::Value {
         let deadline = Instant::now() + Duration::from_secs(15);
         let output = loop {
-            let output = Command::new(query_tool())
-                .args(["-addr", &self.addr()])
-                .args(args)
-                .output()
-                .expect("running parca_query");
+            let output = self.ask(args);
             let not_found = String::from_utf8_lossy(&output.stderr).contains("code = NotFound");
             if output.status.success() || !not_found || Instant::now() >= deadline {
                 break output;
