@@ -19,6 +19,7 @@ const WORKLOADS: &[&str] = &[
     "unit_pair",
     "offcpu_mix",
     "duty_cycle",
+    "libc_sort",
 ];
 /// The fuzz test's victim is optimised code with the debug info a release
 /// build has (what the symbolizer meets in the wild), as a shared object.

@@ -1,11 +1,15 @@
 //! The sampling core against the real kernel: known workloads, known answers.
 
-use std::time::{Duration, Instant};
+use std::{
+    collections::BTreeSet,
+    time::{Duration, Instant},
+};
 
 use profilerd_tests::{
     FoldedLine, RecordRun, Workload, count,
     cpu::{CpuMeter, Expected},
-    record_while, rss_kib, serial,
+    daemon::Daemon,
+    pprof, record_while, rss_kib, serial,
 };
 
 fn share(part: u64, whole: u64) -> f64 {
@@ -290,4 +294,67 @@ fn an_hour_of_load_in_a_minute_fills_no_map_and_keeps_memory_flat() {
         recording.max_rss_kib,
         recording.cpu_seconds
     );
+}
+
+/// glibc's static functions are named by its separate debug file's symbol
+/// table (libc.so.6 lists only what it exports; libc6-dbg, which the test
+/// set-up installs, provides the file). Their file:line comes from
+/// the same file's DWARF only with `--debug-file-lines`: held decompressed
+/// by the symbolizer worker, it costs about 10 MB for glibc's.
+#[test]
+fn libc_internals_are_named_from_its_debug_file_with_lines_only_when_asked() {
+    let _serial = serial();
+    let workload = Workload::spawn(env!("WORKLOAD_LIBC_SORT"), &["300"]);
+    for lines_asked in [false, true] {
+        let daemon = Daemon::start(if lines_asked { &["--debug-file-lines"] } else { &[] });
+        let response = daemon.get(&format!("/debug/pprof/profile?seconds=3&pid={}", workload.pid()));
+        assert_eq!(response.status, 200, "{}", response.text());
+        let profile = pprof::decode(&response.body);
+        let msort: Vec<&pprof::Frame> = profile
+            .samples
+            .iter()
+            .flat_map(|sample| &sample.frames)
+            .filter(|frame| {
+                frame.mapping.ends_with("/libc.so.6") && frame.function.starts_with("msort_with_tmp")
+            })
+            .collect();
+        let libc: BTreeSet<&str> = profile
+            .samples
+            .iter()
+            .flat_map(|sample| &sample.frames)
+            .filter(|frame| frame.mapping.ends_with("/libc.so.6"))
+            .map(|frame| frame.function.as_str())
+            .collect();
+        assert!(
+            msort.len() >= 50,
+            "--debug-file-lines {lines_asked}: qsort's samples should hold glibc's msort_with_tmp, named by its \
+             debug file; {} frames did, libc's functions were {libc:?}",
+            msort.len()
+        );
+        let placed = msort
+            .iter()
+            .filter(|frame| frame.line > 0 && frame.file.ends_with("msort.c"))
+            .count();
+        if lines_asked {
+            assert!(
+                placed * 10 >= msort.len() * 9,
+                "with --debug-file-lines, msort_with_tmp's frames should be placed in msort.c: {placed} of {} were: \
+                 {:?}",
+                msort.len(),
+                msort.iter().take(5).collect::<Vec<_>>()
+            );
+        } else {
+            assert!(
+                msort.iter().all(|frame| frame.line == 0 && frame.file.is_empty()),
+                "without --debug-file-lines, the debug file's DWARF should not be read: {:?}",
+                msort
+                    .iter()
+                    .find(|frame| frame.line != 0 || !frame.file.is_empty())
+            );
+        }
+        eprintln!(
+            "--debug-file-lines {lines_asked}: {} msort_with_tmp frames, {placed} placed in msort.c",
+            msort.len()
+        );
+    }
 }

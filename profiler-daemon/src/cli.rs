@@ -72,6 +72,12 @@ pub struct SamplingArgs {
     /// milliseconds; past it the worker is killed and restarted.
     #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(100..=600_000))]
     pub symbolizer_deadline_ms: u64,
+    /// Also read file:line and inlined frames from separate debug files
+    /// (`/usr/lib/debug/.build-id/`, e.g. Debian's `libc6-dbg`). Off, their
+    /// symbol tables still name every function; on, the symbolizer worker
+    /// holds each one's decompressed DWARF (about 10 MB for glibc's).
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub debug_file_lines: bool,
     /// How user stacks are walked: `auto` unwinds with each file's CFI
     /// (`.eh_frame`) where the daemon has loaded it, and frame pointers
     /// elsewhere; `frame-pointers` uses frame pointers only.
@@ -360,6 +366,7 @@ impl SamplingArgs {
                 max_open_files: self.max_open_files as usize,
                 worker_memory_bytes: self.symbolizer_memory_mb << 20,
                 worker_deadline: Duration::from_millis(self.symbolizer_deadline_ms),
+                debug_file_lines: self.debug_file_lines,
             },
         }
     }

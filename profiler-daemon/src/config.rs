@@ -40,6 +40,7 @@ pub struct Config {
     pub max_open_files: Option<u64>,
     pub symbolizer_memory_mb: Option<u64>,
     pub symbolizer_deadline_ms: Option<u64>,
+    pub debug_file_lines: Option<bool>,
     pub unwind: Option<crate::collect::UnwindMode>,
     pub unwind_table_memory_mb: Option<u64>,
     pub unwind_table_user_share_percent: Option<u64>,
@@ -72,8 +73,9 @@ pub struct Config {
 }
 
 /// The keys that are not numbers (RANGES has the others).
-pub const OTHER_KEYS: [&str; 14] = [
+pub const OTHER_KEYS: [&str; 15] = [
     "listen",
+    "debug_file_lines",
     "unwind",
     "off_cpu",
     "python_frames",

@@ -69,6 +69,8 @@ pub struct SymbolizerOptions {
     pub worker_memory_bytes: u64,
     /// How long the worker may take for one file.
     pub worker_deadline: Duration,
+    /// Read file:line and inlined frames from separate debug files too.
+    pub debug_file_lines: bool,
 }
 
 /// What the pipeline has been doing, updated after every drain: each
@@ -223,11 +225,14 @@ impl Pipeline {
             let only_pids = options.only_pids.clone();
             let proc_root = options.proc_root.clone();
             let status_tx = status_tx.clone();
-            let worker = WorkerConfig::this_binary(
-                symbolize::worker::WorkerRole::Symbols,
-                options.symbolizer.worker_memory_bytes,
-                options.symbolizer.worker_deadline,
-            );
+            let worker = WorkerConfig {
+                debug_file_lines: options.symbolizer.debug_file_lines,
+                ..WorkerConfig::this_binary(
+                    symbolize::worker::WorkerRole::Symbols,
+                    options.symbolizer.worker_memory_bytes,
+                    options.symbolizer.worker_deadline,
+                )
+            };
             let unwind = unwind_tx.clone().zip(unwind_stats.clone());
             threads.push(spawn(
                 "symbolize",

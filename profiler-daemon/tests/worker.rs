@@ -158,6 +158,7 @@ fn failing_worker(script: &str, deadline: Duration) -> WorkerConfig {
         memory_bytes: 256 << 20,
         deadline,
         table_deadline: deadline,
+        debug_file_lines: false,
     }
 }
 

@@ -119,6 +119,11 @@ impl Config {
             "unwind_table_user_share_percent",
         );
         from_file.set(&mut sampling.off_cpu, self.off_cpu, "off_cpu");
+        from_file.set(
+            &mut sampling.debug_file_lines,
+            self.debug_file_lines,
+            "debug_file_lines",
+        );
         if let (Some(on), true) = (self.python_frames, from_file.allows("python_frames")) {
             sampling.no_python_frames = !on;
         }

@@ -11,7 +11,7 @@ pub fn describe(args: &DaemonArgs) -> String {
     format!(
         "listen = \"{}\"\nretention_seconds = {}\nstore_max_mb = {}\nstore_user_share_percent = {}\nfrequency = {}\ndrain_interval_ms = {}\n\
          counts_map_entries = {}\nuser_stack_map_entries = {}\nkernel_stack_map_entries = {}\n\
-         max_open_files = {}\nsymbolizer_memory_mb = {}\nsymbolizer_deadline_ms = {}\n\
+         max_open_files = {}\nsymbolizer_memory_mb = {}\nsymbolizer_deadline_ms = {}\ndebug_file_lines = {}\n\
          unwind = \"{}\"\nunwind_table_memory_mb = {}\nunwind_table_user_share_percent = {}\n\
          off_cpu = {}\noff_cpu_sample_every = {}\noff_cpu_min_us = {}\npython_frames = {}\nproc_root = {:?}\n\
          alloc_sample_bytes = {}\nalloc_max_processes = {}\nalloc_budget_percent = {}\nalloc_trace_comms = {:?}\nalloc_trace_units = {:?}\nalloc_trace_pids = {:?}\n\
@@ -31,6 +31,7 @@ pub fn describe(args: &DaemonArgs) -> String {
         s.max_open_files,
         s.symbolizer_memory_mb,
         s.symbolizer_deadline_ms,
+        s.debug_file_lines,
         s.unwind.name(),
         s.unwind_table_memory_mb,
         s.unwind_table_user_share_percent,

@@ -37,10 +37,8 @@ impl WorkerClient {
     ) -> Result<FileAllocator, AllocatorError> {
         let request = Request {
             file: Some(identity),
-            offsets: Vec::new(),
-            unwind_table: false,
             allocator: true,
-            perf_map: None,
+            ..Request::default()
         };
         let answer = self.supervised(fd, &request, self.config.deadline, |response| {
             if !response.error.is_empty() {

@@ -110,6 +110,9 @@ pub struct WorkerConfig {
     /// and the worker's bounds (16 M rows, 256 MiB of CFI evaluated) keep a
     /// hostile file to a few seconds.
     pub table_deadline: Duration,
+    /// Symbol requests ask for file:line and inlined frames from system
+    /// debug files too (`--debug-file-lines`).
+    pub debug_file_lines: bool,
 }
 
 impl WorkerConfig {
@@ -123,6 +126,7 @@ impl WorkerConfig {
             memory_bytes,
             deadline,
             table_deadline: deadline,
+            debug_file_lines: false,
         }
     }
 }
@@ -197,6 +201,7 @@ impl WorkerClient {
             unwind_table: false,
             allocator: false,
             perf_map: None,
+            debug_file_lines: self.config.debug_file_lines,
         };
         self.supervised(fd, &request, self.config.deadline, |response| {
             if response.error.is_empty() && response.symbols.len() != offsets.len() {

@@ -47,6 +47,11 @@ pub struct Request {
     /// Read the file as a perf map instead, from this byte on.
     #[prost(message, optional, tag = "5")]
     pub perf_map: Option<PerfMapRead>,
+    /// Read file:line and inlined frames from the file's system debug file
+    /// too; else only its symbol table (its DWARF, decompressed, would be
+    /// held in the worker: ~10 MB for glibc's).
+    #[prost(bool, tag = "6")]
+    pub debug_file_lines: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, prost::Message)]

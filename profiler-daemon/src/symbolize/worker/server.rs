@@ -140,7 +140,9 @@ impl Worker {
         };
         let path = file.path();
         let (source_path, debug_syms) = match &info.debug_file {
-            Some(debug_file) => (debug_file.clone(), true),
+            // Its symbol table names every function; its DWARF (lines,
+            // inlined frames) only when asked for, as it costs its size.
+            Some(debug_file) => (debug_file.clone(), request.debug_file_lines),
             // A file naming a debug file of its own is read without DWARF
             // rather than letting the reader open the path it names.
             None => (path, !info.debug_link),

@@ -64,10 +64,8 @@ impl WorkerClient {
     ) -> Result<FileUnwindTable, UnwindTableError> {
         let request = Request {
             file: Some(identity),
-            offsets: Vec::new(),
             unwind_table: true,
-            allocator: false,
-            perf_map: None,
+            ..Request::default()
         };
         let answer = self.supervised(fd, &request, self.config.table_deadline, |response| {
             if !response.error.is_empty() {

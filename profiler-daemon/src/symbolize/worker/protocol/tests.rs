@@ -15,9 +15,8 @@ fn frames_and_descriptors_cross_a_socket_pair() {
             mtime_ns: -4,
         }),
         offsets: vec![1, 2, 3],
-        unwind_table: false,
-        allocator: false,
-        perf_map: None,
+        debug_file_lines: true,
+        ..Request::default()
     };
     send_frame(a.as_fd(), &request, Some(file.as_fd())).expect("send");
     let (body, fd) = recv_frame(b.as_fd(), MAX_REQUEST_BYTES, || Ok(())).expect("receive");
@@ -107,9 +106,7 @@ fn oversized_frames_are_refused() {
     let request = Request {
         file: None,
         offsets: (0..1000).collect(),
-        unwind_table: false,
-        allocator: false,
-        perf_map: None,
+        ..Request::default()
     };
     send_frame(a.as_fd(), &request, None).expect("send");
     let result = recv_frame(b.as_fd(), 16, || Ok(()));
