@@ -113,9 +113,20 @@ fn parca_scrapes_the_go_endpoint_and_sees_the_same_shares_as_top() {
     // seconds fell before the first scrape on a loaded machine, where
     // profilerd's /top still had them: the two compared different samples
     // (143 against 165) and their shares differed by 2.01 points.
-    wait_until(Duration::from_secs(60), "Parca's first scrape", || {
-        parca.holds_profiles(&every, started, now_ms())
-    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let complaint = match parca.holds_profiles(&every, started, now_ms()) {
+            Ok(true) => break,
+            Ok(false) => "none yet".to_owned(),
+            Err(err) => err,
+        };
+        assert!(
+            Instant::now() < deadline,
+            "waited 60 s for Parca's first scrape; the last query: {complaint}\n{}",
+            parca.log()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
     std::thread::sleep(Duration::from_secs(1));
     let workload = Workload::spawn_as(SPLIT, NAME, &["16"]);
     let pid = workload.pid();
@@ -127,7 +138,8 @@ fn parca_scrapes_the_go_endpoint_and_sees_the_same_shares_as_top() {
     let scrapes = parca.profiles(&every, started, ended);
     assert!(
         scrapes.len() >= 3,
-        "expected Parca to have scraped at least 3 profiles in 27 s, got {scrapes:?}\n{}",
+        "expected Parca to have scraped at least 3 profiles while the workload ran its 16 s and 11 s after, got \
+         {scrapes:?}\n{}",
         parca.log()
     );
     let theirs = parca.top(&query, started, ended);

@@ -33,8 +33,12 @@ fn split_workload_by_pid_gives_known_shares_and_full_stacks() {
     let run = RecordRun::start(&["--pid", &pid, "--seconds", "120"]);
     let meter = CpuMeter::start(&[split.pid()]);
     split.resume();
-    // 5 s of its CPU time, however long a busy machine takes to give it.
-    split.run_for(Duration::from_secs(5));
+    // 10 s of its CPU time, however long a busy machine takes to give it:
+    // split's rounds have random lengths (a fixed round aliased with the
+    // sampling period), so each sample falls in hot_a with probability
+    // 0.75; ~990 samples put the ±5 points below at 3.6 standard
+    // deviations (at 5 s it was 2.6, a failure in a hundred runs).
+    split.run_for(Duration::from_secs(10));
     split.pause();
     let cpu = meter.stop();
     run.interrupt();
@@ -307,7 +311,7 @@ fn libc_internals_are_named_from_its_debug_file_with_lines_only_when_asked() {
     let workload = Workload::spawn(env!("WORKLOAD_LIBC_SORT"), &["300"]);
     for lines_asked in [false, true] {
         let daemon = Daemon::start(if lines_asked { &["--debug-file-lines"] } else { &[] });
-        let response = daemon.get(&format!("/debug/pprof/profile?seconds=3&pid={}", workload.pid()));
+        let response = daemon.get(&format!("/debug/pprof/profile?seconds=5&pid={}", workload.pid()));
         assert_eq!(response.status, 200, "{}", response.text());
         let profile = pprof::decode(&response.body);
         let msort: Vec<&pprof::Frame> = profile

@@ -213,12 +213,16 @@ impl Parca {
     }
 
     /// Whether Parca holds a profile `query` selects in [start_ms, end_ms]
-    /// yet: asked once, an error (Parca has nothing at all yet) is a no.
-    pub fn holds_profiles(&self, query: &str, start_ms: u64, end_ms: u64) -> bool {
+    /// yet, asked once: Ok(false) for none, Err with the query's complaint
+    /// if it failed (as it does while Parca holds nothing at all).
+    pub fn holds_profiles(&self, query: &str, start_ms: u64, end_ms: u64) -> Result<bool, String> {
         let output = self.ask(&["range", query, &start_ms.to_string(), &end_ms.to_string()]);
-        output.status.success()
-            && serde_json::from_slice::<serde_json::Value>(&output.stdout)
-                .is_ok_and(|json| json.as_array().is_some_and(|points| !points.is_empty()))
+        if !output.status.success() {
+            return Err(String::from_utf8_lossy(&output.stderr).into_owned());
+        }
+        serde_json::from_slice::<serde_json::Value>(&output.stdout)
+            .map(|json| json.as_array().is_some_and(|points| !points.is_empty()))
+            .map_err(|err| format!("parca_query's answer: {err}"))
     }
 
     /// Asks Parca; "not found" is asked again for up to 15 s, since what
