@@ -4,7 +4,7 @@
 //! whether the file is a Go program (its heap does not go through them).
 //! Read in the worker: the file is the traced process's owner's.
 
-use std::{fs::File, os::fd::OwnedFd};
+use std::os::fd::OwnedFd;
 
 use object::{
     LittleEndian as Le, ReadCache, ReadRef,
@@ -13,6 +13,7 @@ use object::{
 };
 
 use super::{
+    positional::PositionalFile,
     protocol::{AllocatorSymbol, AllocatorSymbols, LoadSegment},
     python_elf::file_offset,
     unwind_elf::load_segments,
@@ -25,7 +26,7 @@ const MAX_SYMBOL_TABLE_BYTES: u64 = 64 << 20;
 
 /// The file's allocator symbols (defined functions only, each name once).
 pub(super) fn allocator_symbols(fd: &OwnedFd) -> Result<AllocatorSymbols, String> {
-    let file = File::from(fd.try_clone().map_err(|err| format!("dup: {err}"))?);
+    let file = PositionalFile::dup(fd).map_err(|err| format!("dup: {err}"))?;
     let cache = ReadCache::new(file);
     let header = FileHeader64::<Le>::parse(&cache).map_err(|err| format!("not a 64-bit ELF file: {err}"))?;
     let endian = header
@@ -114,7 +115,7 @@ mod tests {
             .filter_map(|line| line.split_whitespace().nth(5).map(str::to_owned))
             .find(|path| path.contains("/libc.so"))
             .expect("libc is mapped");
-        let fd = OwnedFd::from(File::open(&libc).expect("libc opens"));
+        let fd = OwnedFd::from(std::fs::File::open(&libc).expect("libc opens"));
         let found = allocator_symbols(&fd).expect("libc parses");
         assert!(!found.go);
         let names: Vec<&str> = found.symbols.iter().map(|symbol| symbol.name.as_str()).collect();

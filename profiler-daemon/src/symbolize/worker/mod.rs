@@ -16,6 +16,7 @@ mod allocator_elf;
 mod debug_file;
 mod perf_map_client;
 mod perf_map_text;
+mod positional;
 mod protocol;
 mod python_elf;
 mod role;

@@ -9,7 +9,6 @@
 
 use std::{
     collections::HashMap,
-    fs::File,
     os::fd::{AsFd, AsRawFd, OwnedFd},
     path::PathBuf,
 };
@@ -28,7 +27,9 @@ use super::protocol::{
 use super::{
     allocator_elf,
     debug_file::{SYSTEM_DEBUG_DIR, system_debug_file},
-    perf_map_text, unwind_elf,
+    perf_map_text,
+    positional::PositionalFile,
+    unwind_elf,
 };
 use crate::symbolize::demangle::demangle;
 
@@ -262,7 +263,7 @@ fn error_response(error: &str) -> Response {
 /// Reads what the symbolizer needs of the file's headers through read(2)
 /// (not a mapping: a file truncated meanwhile is an error, not a SIGBUS).
 fn describe(fd: &OwnedFd) -> Result<FileInfo, String> {
-    let file = File::from(fd.try_clone().map_err(|err| format!("dup: {err}"))?);
+    let file = PositionalFile::dup(fd).map_err(|err| format!("dup: {err}"))?;
     let cache = ReadCache::new(file);
     let object = object::File::parse(&cache).map_err(|err| format!("not a readable ELF file: {err}"))?;
     let build_id = object

@@ -10,7 +10,6 @@
 
 use std::{
     borrow::Cow,
-    fs::File,
     io::Read as _,
     ops::Range,
     os::{fd::OwnedFd, unix::fs::OpenOptionsExt},
@@ -26,6 +25,7 @@ use object::{
 
 use super::{
     debug_file::system_debug_file,
+    positional::PositionalFile,
     protocol::{LoadSegment, MAX_BUILD_ID_BYTES, MAX_LOAD_SEGMENTS, PythonSymbols, UnwindTable},
     python_elf,
     unwind_table::{Compiled, Compiler, Limits},
@@ -37,13 +37,13 @@ const MAX_CFI_SECTION_BYTES: u64 = 128 << 20;
 /// Note segments larger than this are not searched for a build id.
 const MAX_NOTE_SEGMENT_BYTES: u64 = 64 << 10;
 
-type Cache = ReadCache<File>;
+type Cache = ReadCache<PositionalFile>;
 type Header = FileHeader64<Le>;
 
 /// The file's unwind table and load segments, and its build id.
 pub(super) fn unwind_table(fd: &OwnedFd) -> Result<(UnwindTable, Vec<u8>), String> {
     let started = Instant::now();
-    let file = File::from(fd.try_clone().map_err(|err| format!("dup: {err}"))?);
+    let file = PositionalFile::dup(fd).map_err(|err| format!("dup: {err}"))?;
     let cache = ReadCache::new(file);
     let header = Header::parse(&cache).map_err(|err| format!("not a 64-bit ELF file: {err}"))?;
     let endian = header
@@ -65,7 +65,7 @@ pub(super) fn unwind_table(fd: &OwnedFd) -> Result<(UnwindTable, Vec<u8>), Strin
             .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
             .open(&path)
             .map_err(|err| format!("debug file {}: {err}", path.display()))?;
-        let debug_cache = ReadCache::new(debug_file);
+        let debug_cache = ReadCache::new(PositionalFile::new(debug_file));
         let debug_header =
             Header::parse(&debug_cache).map_err(|err| format!("debug file {}: {err}", path.display()))?;
         add_sections(&mut compiler, debug_header, &debug_cache, Origin::DebugFile)?;
@@ -98,7 +98,7 @@ pub(super) fn unwind_table(fd: &OwnedFd) -> Result<(UnwindTable, Vec<u8>), Strin
 /// 9.6 MB, held through the compile. A failure here costs the file its
 /// Python frames, never its table.
 fn python_symbols(fd: &OwnedFd, segments: &[LoadSegment]) -> Option<PythonSymbols> {
-    let cache = ReadCache::new(File::from(fd.try_clone().ok()?));
+    let cache = ReadCache::new(PositionalFile::dup(fd).ok()?);
     let header = Header::parse(&cache).ok()?;
     python_elf::python_symbols(header, &cache, segments)
 }
