@@ -14,6 +14,7 @@
 mod allocator_client;
 mod allocator_elf;
 mod debug_file;
+mod gnu_hash;
 mod perf_map_client;
 mod perf_map_text;
 mod positional;

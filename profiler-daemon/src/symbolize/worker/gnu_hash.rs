@@ -1,0 +1,241 @@
+//! Looking a few exported names up in a file's `.gnu.hash`, reading only
+//! what the lookup touches: the header, one bloom word, one bucket, one
+//! chain and the symbols it names. The whole `.dynsym` and `.dynstr` of a
+//! large program are megabytes (node's: 7 MB) that a search for three
+//! names would otherwise copy into the worker; object's `GnuHashTable`
+//! wants both tables whole in memory, so the walk is done here, over the
+//! lazily read file.
+//!
+//! The file is hostile: every offset is checked against its section, and
+//! a chain longer than `MAX_CHAIN` is given up as unusable (real chains
+//! hold a few entries), as is any table that does not parse; the caller
+//! then searches the symbol table as it would without a hash.
+
+use object::{
+    LittleEndian as Le, ReadRef, StringTable,
+    elf::{self, GnuHashHeader, Sym64},
+    read::elf::Sym as _,
+};
+
+/// Chain entries followed before the table is taken for garbage.
+const MAX_CHAIN: u32 = 4096;
+
+/// Where the hash and the symbols it indexes lie in the file.
+#[derive(Clone, Copy)]
+pub(super) struct HashedSymbols {
+    /// File offset and size of `.gnu.hash`.
+    pub hash: (u64, u64),
+    /// File offset and size of the `.dynsym` it indexes.
+    pub symbols: (u64, u64),
+}
+
+/// What a lookup found.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Lookup {
+    /// The defined symbol's value and size.
+    Found {
+        value: u64,
+        size: u64,
+    },
+    Absent,
+    /// The table does not hold together: search without it.
+    Unusable,
+}
+
+impl HashedSymbols {
+    /// Looks `name` up, reading its name from `strings` (the `.dynstr`
+    /// the symbol table links to).
+    pub fn find<'d, R: ReadRef<'d>>(&self, data: R, strings: StringTable<'d, R>, name: &[u8]) -> Lookup {
+        self.find_hashed(data, strings, name).unwrap_or(Lookup::Unusable)
+    }
+
+    fn find_hashed<'d, R: ReadRef<'d>>(
+        &self,
+        data: R,
+        strings: StringTable<'d, R>,
+        name: &[u8],
+    ) -> Option<Lookup> {
+        let endian = Le;
+        let (hash_at, hash_size) = self.hash;
+        let header = data.read_at::<GnuHashHeader<Le>>(hash_at).ok()?;
+        let bucket_count = u64::from(header.bucket_count.get(endian));
+        let symbol_base = header.symbol_base.get(endian);
+        let bloom_count = u64::from(header.bloom_count.get(endian));
+        let bloom_shift = header.bloom_shift.get(endian);
+        if bucket_count == 0 || bloom_count == 0 || !bloom_count.is_power_of_two() {
+            return None;
+        }
+        let header_size = size_of::<GnuHashHeader<Le>>() as u64;
+        let buckets_at = header_size.checked_add(bloom_count.checked_mul(8)?)?;
+        let chains_at = buckets_at.checked_add(bucket_count.checked_mul(4)?)?;
+        let read_u64 = |at: u64| -> Option<u64> {
+            (at.checked_add(8)? <= hash_size).then_some(())?;
+            Some(
+                data.read_at::<object::U64<Le>>(hash_at.checked_add(at)?)
+                    .ok()?
+                    .get(endian),
+            )
+        };
+        let read_u32 = |at: u64| -> Option<u32> {
+            (at.checked_add(4)? <= hash_size).then_some(())?;
+            Some(
+                data.read_at::<object::U32<Le>>(hash_at.checked_add(at)?)
+                    .ok()?
+                    .get(endian),
+            )
+        };
+
+        let hash = elf::gnu_hash(name);
+        // Two bits of one 64-bit bloom word: a name not exported almost
+        // always stops here, before any symbol is read.
+        let word = read_u64(header_size + (u64::from(hash / 64) & (bloom_count - 1)) * 8)?;
+        let bits = (1u64 << (hash % 64)) | (1u64 << (hash.checked_shr(bloom_shift).unwrap_or(0) % 64));
+        if word & bits != bits {
+            return Some(Lookup::Absent);
+        }
+        let mut index = read_u32(buckets_at + u64::from(hash) % bucket_count * 4)?;
+        if index == 0 {
+            return Some(Lookup::Absent);
+        }
+        let (symbols_at, symbols_size) = self.symbols;
+        let symbol_size = size_of::<Sym64<Le>>() as u64;
+        for _ in 0..MAX_CHAIN {
+            let chain = read_u32(chains_at + u64::from(index.checked_sub(symbol_base)?) * 4)?;
+            if chain | 1 == hash | 1 {
+                let at = u64::from(index) * symbol_size;
+                (at.checked_add(symbol_size)? <= symbols_size).then_some(())?;
+                let symbol = data.read_at::<Sym64<Le>>(symbols_at.checked_add(at)?).ok()?;
+                if symbol.st_shndx(endian) != elf::SHN_UNDEF
+                    && symbol.name(endian, strings).ok() == Some(name)
+                {
+                    return Some(Lookup::Found {
+                        value: symbol.st_value(endian),
+                        size: symbol.st_size(endian),
+                    });
+                }
+            }
+            if chain & 1 != 0 {
+                return Some(Lookup::Absent);
+            }
+            index = index.checked_add(1)?;
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use object::{
+        Object as _, ObjectSection as _, ObjectSymbol as _, ObjectSymbolTable as _, read::elf::ElfFile64,
+    };
+
+    use super::*;
+
+    /// This process's libc: a real `.gnu.hash` of a few thousand names.
+    fn libc() -> Vec<u8> {
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let path = maps
+            .lines()
+            .filter_map(|line| line.split_whitespace().nth(5))
+            .find(|path| path.contains("/libc.so") || path.contains("/libc-"))
+            .expect("the test links libc");
+        std::fs::read(path).unwrap()
+    }
+
+    fn tables(bytes: &[u8]) -> (HashedSymbols, StringTable<'_, &[u8]>) {
+        let file = ElfFile64::<Le>::parse(bytes).unwrap();
+        let range = |name: &str| {
+            let section = file.section_by_name(name).unwrap();
+            section.file_range().unwrap()
+        };
+        let (strings_at, strings_size) = range(".dynstr");
+        let table = HashedSymbols {
+            hash: range(".gnu.hash"),
+            symbols: range(".dynsym"),
+        };
+        (
+            table,
+            StringTable::new(bytes, strings_at, strings_at + strings_size),
+        )
+    }
+
+    #[test]
+    fn every_exported_name_of_libc_is_found_with_its_value() {
+        let bytes = libc();
+        let file = ElfFile64::<Le>::parse(&*bytes).unwrap();
+        let mut values: HashMap<Vec<u8>, Vec<u64>> = HashMap::new();
+        for symbol in file.dynamic_symbol_table().unwrap().symbols() {
+            if !symbol.is_undefined() && !symbol.name_bytes().unwrap().is_empty() {
+                let name = symbol.name_bytes().unwrap().to_vec();
+                values.entry(name).or_default().push(symbol.address());
+            }
+        }
+        assert!(values.len() > 1000, "{} names", values.len());
+        let (table, strings) = tables(&bytes);
+        for (name, addresses) in &values {
+            match table.find(&*bytes, strings, name) {
+                Lookup::Found { value, .. } => {
+                    assert!(addresses.contains(&value), "{}", String::from_utf8_lossy(name))
+                }
+                other => panic!("{}: {other:?}", String::from_utf8_lossy(name)),
+            }
+        }
+        for absent in [&b"_PyRuntime"[..], b"_PyEval_EvalFrameDefault", b"mallocx", b""] {
+            assert_eq!(table.find(&*bytes, strings, absent), Lookup::Absent);
+        }
+    }
+
+    /// A hash section (bloom word all ones, one bucket) and a symbol table
+    /// of `symbols` entries, the first `base` of them unhashed; `chain` is
+    /// the hash section's chain.
+    fn synthetic(bloom_count: u32, bucket: u32, base: u32, chain: &[u32], symbols: u32) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        for word in [1, base, bloom_count, 6] {
+            bytes.extend_from_slice(&u32::to_le_bytes(word));
+        }
+        for _ in 0..bloom_count {
+            bytes.extend_from_slice(&u64::MAX.to_le_bytes());
+        }
+        bytes.extend_from_slice(&bucket.to_le_bytes());
+        for entry in chain {
+            bytes.extend_from_slice(&entry.to_le_bytes());
+        }
+        bytes.resize(bytes.len() + symbols as usize * size_of::<Sym64<Le>>() + 8, 0);
+        bytes
+    }
+
+    fn find_in(bytes: &[u8], chain_len: usize, symbols: u32) -> Lookup {
+        let hash_size = 16 + 8 + 4 + 4 * chain_len as u64;
+        let table = HashedSymbols {
+            hash: (0, hash_size),
+            symbols: (hash_size, u64::from(symbols) * size_of::<Sym64<Le>>() as u64),
+        };
+        let end = bytes.len() as u64;
+        table.find(bytes, StringTable::new(bytes, end - 8, end), b"name")
+    }
+
+    #[test]
+    fn hostile_tables_are_unusable_not_followed() {
+        let hash = elf::gnu_hash(b"name");
+        // A chain that never ends: given up after MAX_CHAIN entries.
+        let endless = vec![hash & !1; MAX_CHAIN as usize + 10];
+        let bytes = synthetic(1, 1, 1, &endless, MAX_CHAIN + 20);
+        assert_eq!(find_in(&bytes, endless.len(), MAX_CHAIN + 20), Lookup::Unusable);
+        // A bucket below the hashed symbols.
+        let bytes = synthetic(1, 1, 5, &[hash | 1], 8);
+        assert_eq!(find_in(&bytes, 1, 8), Lookup::Unusable);
+        // A bloom filter whose size is not a power of two.
+        let bytes = synthetic(3, 1, 1, &[hash | 1], 4);
+        assert_eq!(find_in(&bytes, 1, 4), Lookup::Unusable);
+        // A chain running past its section, and a symbol past its table.
+        let bytes = synthetic(1, 1, 1, &[hash & !1], 4);
+        assert_eq!(find_in(&bytes, 1, 4), Lookup::Unusable);
+        let bytes = synthetic(1, 9, 1, &[0, 0, 0, 0, 0, 0, 0, 0, hash | 1], 4);
+        assert_eq!(find_in(&bytes, 9, 4), Lookup::Unusable);
+        // A well-formed chain whose symbol has another name.
+        let bytes = synthetic(1, 1, 1, &[hash | 1], 4);
+        assert_eq!(find_in(&bytes, 1, 4), Lookup::Absent);
+    }
+}
