@@ -10,7 +10,7 @@ use core::ffi::c_void;
 use aya_ebpf::{
     bindings::{BPF_F_NO_PREALLOC, pt_regs},
     helpers::{
-        bpf_probe_read_kernel, bpf_probe_read_user,
+        bpf_probe_read_user,
         generated::{bpf_get_current_task_btf, bpf_loop, bpf_task_pt_regs},
     },
     macros::map,
@@ -175,30 +175,42 @@ pub fn walk_user_stack_in(
 /// else those saved at the kernel entry (the syscall or interrupt).
 #[inline(always)]
 pub fn sampled_user_registers(ctx: &PerfEventContext) -> Option<(u64, u64, u64)> {
-    // SAFETY: the context of a perf_event program is its bpf_perf_event_data;
-    // reading `regs` is a plain context access the verifier checks.
-    let regs = unsafe { &(*ctx.ctx).regs };
-    if regs.cs & 3 == 3 {
+    if in_user_mode(ctx) {
+        // SAFETY: as in `in_user_mode`.
+        let regs = unsafe { &(*ctx.ctx).regs };
         return Some((regs.rip, regs.rsp, regs.rbp));
     }
     saved_user_registers()
 }
 
+/// Whether the sample interrupted user mode (then it has no kernel stack).
+#[inline(always)]
+pub fn in_user_mode(ctx: &PerfEventContext) -> bool {
+    // SAFETY: the context of a perf_event program is its bpf_perf_event_data;
+    // reading `regs` is a plain context access the verifier checks.
+    unsafe { (*ctx.ctx).regs.cs & 3 == 3 }
+}
+
 /// The current thread's user registers as saved when it entered the kernel.
 #[inline(always)]
 pub fn saved_user_registers() -> Option<(u64, u64, u64)> {
-    // SAFETY: the helper returns the current task's saved user registers
-    // (task_pt_regs); they are read through probe_read, never dereferenced.
+    // SAFETY: a helper on the current task, which it always has.
     let user = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const pt_regs;
     if user.is_null() {
         return None;
     }
-    // SAFETY: `user` is only read through probe_read, which checks it.
+    // SAFETY: the helper returns a BTF pointer to the task's saved user
+    // registers (task_pt_regs); the verifier checks each load against the
+    // type and makes it fault-safe (PROBE_MEM), at the cost of a load where
+    // probe_read was a helper call each. Volatile: the loads stay this
+    // pointer's own, where the compiler would share one instruction with the
+    // same field's load from the perf context, which the verifier refuses
+    // ("same insn cannot be used with different pointers").
     unsafe {
         Some((
-            bpf_probe_read_kernel(&(*user).rip).ok()?,
-            bpf_probe_read_kernel(&(*user).rsp).ok()?,
-            bpf_probe_read_kernel(&(*user).rbp).ok()?,
+            core::ptr::read_volatile(&(*user).rip),
+            core::ptr::read_volatile(&(*user).rsp),
+            core::ptr::read_volatile(&(*user).rbp),
         ))
     }
 }
