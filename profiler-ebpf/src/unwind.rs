@@ -183,7 +183,10 @@ pub fn sampled_user_registers(ctx: &PerfEventContext) -> Option<(u64, u64, u64)>
     saved_user_registers()
 }
 
-/// Whether the sample interrupted user mode (then it has no kernel stack).
+/// Whether the sample interrupted user mode (ring 3), where it has no
+/// kernel stack: the kernel walks one only for registers not in user mode
+/// (`cs & 3` zero), so this test, stricter than its `cs & 3 != 0`, never
+/// skips a stack the kernel would have walked.
 #[inline(always)]
 pub fn in_user_mode(ctx: &PerfEventContext) -> bool {
     // SAFETY: the context of a perf_event program is its bpf_perf_event_data;
@@ -202,15 +205,18 @@ pub fn saved_user_registers() -> Option<(u64, u64, u64)> {
     // SAFETY: the helper returns a BTF pointer to the task's saved user
     // registers (task_pt_regs); the verifier checks each load against the
     // type and makes it fault-safe (PROBE_MEM), at the cost of a load where
-    // probe_read was a helper call each. Volatile: the loads stay this
-    // pointer's own, where the compiler would share one instruction with the
-    // same field's load from the perf context, which the verifier refuses
-    // ("same insn cannot be used with different pointers").
+    // probe_read was a helper call each (a fault reads 0: an ip of 0 ends
+    // the walk as "no user stack"). Raw pointers, no references: the memory
+    // is only known to be readable through the verifier's fault handling.
+    // Volatile: in `sample` the loads stay this pointer's own, where the
+    // compiler would share one instruction with the same field's load from
+    // the perf context, which the verifier refuses ("same insn cannot be
+    // used with different pointers").
     unsafe {
         Some((
-            core::ptr::read_volatile(&(*user).rip),
-            core::ptr::read_volatile(&(*user).rsp),
-            core::ptr::read_volatile(&(*user).rbp),
+            (&raw const (*user).rip).read_volatile(),
+            (&raw const (*user).rsp).read_volatile(),
+            (&raw const (*user).rbp).read_volatile(),
         ))
     }
 }

@@ -57,6 +57,10 @@ impl HashedSymbols {
     ) -> Option<Lookup> {
         let endian = Le;
         let (hash_at, hash_size) = self.hash;
+        let header_size = size_of::<GnuHashHeader<Le>>() as u64;
+        if hash_size < header_size {
+            return None;
+        }
         let header = data.read_at::<GnuHashHeader<Le>>(hash_at).ok()?;
         let bucket_count = u64::from(header.bucket_count.get(endian));
         let symbol_base = header.symbol_base.get(endian);
@@ -65,7 +69,6 @@ impl HashedSymbols {
         if bucket_count == 0 || bloom_count == 0 || !bloom_count.is_power_of_two() {
             return None;
         }
-        let header_size = size_of::<GnuHashHeader<Le>>() as u64;
         let buckets_at = header_size.checked_add(bloom_count.checked_mul(8)?)?;
         let chains_at = buckets_at.checked_add(bucket_count.checked_mul(4)?)?;
         let read_u64 = |at: u64| -> Option<u64> {
@@ -89,7 +92,7 @@ impl HashedSymbols {
         // Two bits of one 64-bit bloom word: a name not exported almost
         // always stops here, before any symbol is read.
         let word = read_u64(header_size + (u64::from(hash / 64) & (bloom_count - 1)) * 8)?;
-        let bits = (1u64 << (hash % 64)) | (1u64 << (hash.checked_shr(bloom_shift).unwrap_or(0) % 64));
+        let bits = (1u64 << (hash % 64)) | (1u64 << (hash.checked_shr(bloom_shift)? % 64));
         if word & bits != bits {
             return Some(Lookup::Absent);
         }
@@ -187,55 +190,131 @@ mod tests {
         }
     }
 
-    /// A hash section (bloom word all ones, one bucket) and a symbol table
-    /// of `symbols` entries, the first `base` of them unhashed; `chain` is
-    /// the hash section's chain.
-    fn synthetic(bloom_count: u32, bucket: u32, base: u32, chain: &[u32], symbols: u32) -> Vec<u8> {
-        let mut bytes = Vec::new();
-        for word in [1, base, bloom_count, 6] {
-            bytes.extend_from_slice(&u32::to_le_bytes(word));
-        }
-        for _ in 0..bloom_count {
-            bytes.extend_from_slice(&u64::MAX.to_le_bytes());
-        }
-        bytes.extend_from_slice(&bucket.to_le_bytes());
-        for entry in chain {
-            bytes.extend_from_slice(&entry.to_le_bytes());
-        }
-        bytes.resize(bytes.len() + symbols as usize * size_of::<Sym64<Le>>() + 8, 0);
-        bytes
+    /// A file of a hash section with one bucket, the symbols after it and
+    /// the strings "name" (at 1) and "other" (at 6) last.
+    struct Synthetic {
+        bloom: Vec<u64>,
+        shift: u32,
+        bucket: u32,
+        base: u32,
+        chain: Vec<u32>,
+        /// (name offset, section index, value) of each symbol.
+        symbols: Vec<(u32, u16, u64)>,
     }
 
-    fn find_in(bytes: &[u8], chain_len: usize, symbols: u32) -> Lookup {
-        let hash_size = 16 + 8 + 4 + 4 * chain_len as u64;
-        let table = HashedSymbols {
-            hash: (0, hash_size),
-            symbols: (hash_size, u64::from(symbols) * size_of::<Sym64<Le>>() as u64),
-        };
-        let end = bytes.len() as u64;
-        table.find(bytes, StringTable::new(bytes, end - 8, end), b"name")
+    impl Synthetic {
+        /// `base` unhashed symbols, then one per chain entry: all undefined.
+        fn new(bucket: u32, base: u32, chain: Vec<u32>) -> Self {
+            let symbols = vec![(0, 0, 0); base as usize + chain.len()];
+            Synthetic {
+                bloom: vec![u64::MAX],
+                shift: 6,
+                bucket,
+                base,
+                chain,
+                symbols,
+            }
+        }
+
+        fn find(&self, name: &[u8]) -> Lookup {
+            let mut bytes = Vec::new();
+            let bloom_count = self.bloom.len() as u32;
+            for word in [1, self.base, bloom_count, self.shift] {
+                bytes.extend_from_slice(&u32::to_le_bytes(word));
+            }
+            for word in &self.bloom {
+                bytes.extend_from_slice(&word.to_le_bytes());
+            }
+            bytes.extend_from_slice(&self.bucket.to_le_bytes());
+            for entry in &self.chain {
+                bytes.extend_from_slice(&entry.to_le_bytes());
+            }
+            let hash_size = bytes.len() as u64;
+            for &(name, section, value) in &self.symbols {
+                let symbol = Sym64::<Le> {
+                    st_name: object::U32::new(Le, name),
+                    st_info: elf::SymbolInfo(0),
+                    st_other: elf::SymbolOther(0),
+                    st_shndx: object::U16::new(Le, elf::SymbolSection(section)),
+                    st_value: object::U64::new(Le, value),
+                    st_size: object::U64::new(Le, 8),
+                };
+                bytes.extend_from_slice(object::pod::bytes_of(&symbol));
+            }
+            let symbols_size = bytes.len() as u64 - hash_size;
+            let strings_at = bytes.len() as u64;
+            bytes.extend_from_slice(b"\0name\0other\0");
+            let table = HashedSymbols {
+                hash: (0, hash_size),
+                symbols: (hash_size, symbols_size),
+            };
+            let strings = StringTable::new(&bytes[..], strings_at, bytes.len() as u64);
+            table.find(&bytes[..], strings, name)
+        }
+    }
+
+    #[test]
+    fn a_chain_finds_the_defined_symbol_of_the_name_and_only_it() {
+        let hash = elf::gnu_hash(b"name");
+        let mut file = Synthetic::new(1, 1, vec![hash | 1]);
+        file.symbols[1] = (1, 0, 0x1234);
+        assert_eq!(file.find(b"name"), Lookup::Absent, "undefined");
+        file.symbols[1] = (6, 1, 0x1234);
+        assert_eq!(file.find(b"name"), Lookup::Absent, "another name");
+        file.symbols[1] = (1, 1, 0x1234);
+        assert_eq!(
+            file.find(b"name"),
+            Lookup::Found {
+                value: 0x1234,
+                size: 8
+            }
+        );
+        // Not in the bloom filter: never looked for in the chain.
+        file.bloom = vec![0];
+        assert_eq!(file.find(b"name"), Lookup::Absent);
+        // Further down a chain, past entries of other hashes.
+        let mut file = Synthetic::new(1, 1, vec![hash ^ 2, hash & !1, hash | 1]);
+        file.symbols[3] = (1, 1, 0x5678);
+        assert_eq!(
+            file.find(b"name"),
+            Lookup::Found {
+                value: 0x5678,
+                size: 8
+            }
+        );
     }
 
     #[test]
     fn hostile_tables_are_unusable_not_followed() {
         let hash = elf::gnu_hash(b"name");
-        // A chain that never ends: given up after MAX_CHAIN entries.
-        let endless = vec![hash & !1; MAX_CHAIN as usize + 10];
-        let bytes = synthetic(1, 1, 1, &endless, MAX_CHAIN + 20);
-        assert_eq!(find_in(&bytes, endless.len(), MAX_CHAIN + 20), Lookup::Unusable);
+        // A chain longer than MAX_CHAIN: given up before the name at its end.
+        let mut chain = vec![hash & !1; MAX_CHAIN as usize + 5];
+        chain.push(hash | 1);
+        let mut file = Synthetic::new(1, 1, chain);
+        let last = file.symbols.len() - 1;
+        file.symbols[last] = (1, 1, 0x1234);
+        assert_eq!(file.find(b"name"), Lookup::Unusable);
         // A bucket below the hashed symbols.
-        let bytes = synthetic(1, 1, 5, &[hash | 1], 8);
-        assert_eq!(find_in(&bytes, 1, 8), Lookup::Unusable);
+        let mut file = Synthetic::new(1, 5, vec![hash | 1]);
+        file.symbols[1] = (1, 1, 0x1234);
+        assert_eq!(file.find(b"name"), Lookup::Unusable);
         // A bloom filter whose size is not a power of two.
-        let bytes = synthetic(3, 1, 1, &[hash | 1], 4);
-        assert_eq!(find_in(&bytes, 1, 4), Lookup::Unusable);
-        // A chain running past its section, and a symbol past its table.
-        let bytes = synthetic(1, 1, 1, &[hash & !1], 4);
-        assert_eq!(find_in(&bytes, 1, 4), Lookup::Unusable);
-        let bytes = synthetic(1, 9, 1, &[0, 0, 0, 0, 0, 0, 0, 0, hash | 1], 4);
-        assert_eq!(find_in(&bytes, 9, 4), Lookup::Unusable);
-        // A well-formed chain whose symbol has another name.
-        let bytes = synthetic(1, 1, 1, &[hash | 1], 4);
-        assert_eq!(find_in(&bytes, 1, 4), Lookup::Absent);
+        let mut file = Synthetic::new(1, 1, vec![hash | 1]);
+        file.symbols[1] = (1, 1, 0x1234);
+        file.bloom = vec![u64::MAX; 3];
+        assert_eq!(file.find(b"name"), Lookup::Unusable);
+        // A bloom shift of 32 or more.
+        let mut file = Synthetic::new(1, 1, vec![hash | 1]);
+        file.symbols[1] = (1, 1, 0x1234);
+        file.shift = 40;
+        assert_eq!(file.find(b"name"), Lookup::Unusable);
+        // A chain running past its section.
+        let mut file = Synthetic::new(1, 1, vec![hash & !1]);
+        file.symbols.push((1, 1, 0x1234));
+        assert_eq!(file.find(b"name"), Lookup::Unusable);
+        // A chain naming a symbol past the symbol table.
+        let mut file = Synthetic::new(4, 1, vec![0, 0, 0, hash | 1]);
+        file.symbols.truncate(3);
+        assert_eq!(file.find(b"name"), Lookup::Unusable);
     }
 }

@@ -17,8 +17,8 @@ use super::{
     protocol::{LoadSegment, PythonSymbols},
 };
 
-/// A dynamic symbol table larger than this is not searched (libpython's is
-/// about 100 KiB).
+/// Without a usable `.gnu.hash`, a dynamic symbol table larger than this is
+/// not searched (libpython's is about 100 KiB).
 const MAX_DYNSYM_BYTES: u64 = 16 << 20;
 /// Dynamic entries read in search of DT_SONAME.
 const MAX_DYNAMIC_ENTRIES: usize = 4096;

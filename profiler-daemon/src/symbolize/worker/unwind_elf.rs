@@ -93,10 +93,10 @@ pub(super) fn unwind_table(fd: &OwnedFd) -> Result<(UnwindTable, Vec<u8>), Strin
 }
 
 /// Whether the file is a CPython interpreter, read through a cache of its
-/// own, dropped before the table is compiled: the search reads every
-/// dynamic symbol's name, and a large binary's (node's 74,000) cached were
-/// 9.6 MB, held through the compile. A failure here costs the file its
-/// Python frames, never its table.
+/// own, dropped before the table is compiled: a file without a usable
+/// `.gnu.hash` has every dynamic symbol's name read (node's 74,000 cached
+/// are 9.6 MB), which is not held through the compile. A failure here costs
+/// the file its Python frames, never its table.
 fn python_symbols(fd: &OwnedFd, segments: &[LoadSegment]) -> Option<PythonSymbols> {
     let cache = ReadCache::new(PositionalFile::dup(fd).ok()?);
     let header = Header::parse(&cache).ok()?;
