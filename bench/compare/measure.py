@@ -25,7 +25,8 @@ import time
 import bpf
 import stacks
 import tools
-from procs import forks_total, process_cpu_ns, rss_by_mapping, thread_cpu_ns, tree_cpu_ns, tree_hwm_kib
+from procs import (forks_total, process_cpu_ns, rss_by_mapping, thread_cpu_ns, tree_cpu_ns, tree_hwm_by_process,
+                   tree_hwm_kib)
 from workloads import Running, settle
 
 
@@ -74,6 +75,7 @@ def measure(ctx, tool, workload, duration=None):
             return run
         run["cpu_steady_pct"] = (end_cpu - warm_cpu) / 1e9 / (end_at - warm_at) * 100
         hwm = tree_hwm_kib(root)
+        run["peak_rss_by_process_kib"] = tree_hwm_by_process(root)
         run["rss_now_kib"], run["rss_top_kib"] = rss_by_mapping(root)
         if tool.bpf:
             detail = bpf.tool_bpf(root)

@@ -65,6 +65,21 @@ def tree_hwm_kib(root):
     return sum(vm_hwm_kib(pid) for pid in descendants(root))
 
 
+def tree_hwm_by_process(root):
+    """[[name, VmHWM KiB]] of `root` and its live descendants: which process
+    a peak RSS sum owes to (profilerd's workers run its own binary as `exe`,
+    named in comm)."""
+    peaks = []
+    for pid in descendants(root):
+        try:
+            with open(f"/proc/{pid}/comm") as comm:
+                name = comm.read().strip()
+        except OSError:
+            continue
+        peaks.append([name, vm_hwm_kib(pid)])
+    return peaks
+
+
 def thread_cpu_ns(pid):
     """{(tid, thread name): CPU ns} of the live threads of `pid` (schedstat)."""
     threads = {}

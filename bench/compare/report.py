@@ -141,6 +141,18 @@ def results_table(runs, workload):
     return table(header, rows)
 
 
+def peaks_by_process(runs, workload):
+    """One line per profilerd run: the peak RSS of each of its processes."""
+    lines = []
+    for run in runs:
+        peaks = run.get("peak_rss_by_process_kib")
+        if run["workload"] != workload or not run["tool"].startswith("profilerd") or not peaks:
+            continue
+        parts = ", ".join(f"{name} {mb(kib, kib=True):.1f} MB" for name, kib in peaks)
+        lines.append(f"- {run['tool']}, peak RSS by process (VmHWM): {parts}")
+    return lines + [""] if lines else []
+
+
 def accuracy_table(runs):
     rows = []
     for run in runs:
@@ -251,6 +263,7 @@ def write(results, path):
     for workload in ["split", "threads", "pingpong"]:
         if any(r["workload"] == workload for r in runs):
             out += [f"### {workload}", "", results_table(runs, workload), ""]
+            out += peaks_by_process(runs, workload)
     if any(r["workload"] == "split" and r.get("hot_share") is not None for r in runs):
         out += ["### Accuracy on split", "",
                 "Share of hot_a among the samples whose innermost user frame is hot_a or hot_b, and the "
