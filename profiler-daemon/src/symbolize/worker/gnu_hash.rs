@@ -56,12 +56,8 @@ impl HashedSymbols {
         name: &[u8],
     ) -> Option<Lookup> {
         let endian = Le;
-        let (hash_at, hash_size) = self.hash;
+        let header = read_within::<GnuHashHeader<Le>, R>(data, self.hash, 0)?;
         let header_size = size_of::<GnuHashHeader<Le>>() as u64;
-        if hash_size < header_size {
-            return None;
-        }
-        let header = data.read_at::<GnuHashHeader<Le>>(hash_at).ok()?;
         let bucket_count = u64::from(header.bucket_count.get(endian));
         let symbol_base = header.symbol_base.get(endian);
         let bloom_count = u64::from(header.bloom_count.get(endian));
@@ -71,22 +67,8 @@ impl HashedSymbols {
         }
         let buckets_at = header_size.checked_add(bloom_count.checked_mul(8)?)?;
         let chains_at = buckets_at.checked_add(bucket_count.checked_mul(4)?)?;
-        let read_u64 = |at: u64| -> Option<u64> {
-            (at.checked_add(8)? <= hash_size).then_some(())?;
-            Some(
-                data.read_at::<object::U64<Le>>(hash_at.checked_add(at)?)
-                    .ok()?
-                    .get(endian),
-            )
-        };
-        let read_u32 = |at: u64| -> Option<u32> {
-            (at.checked_add(4)? <= hash_size).then_some(())?;
-            Some(
-                data.read_at::<object::U32<Le>>(hash_at.checked_add(at)?)
-                    .ok()?
-                    .get(endian),
-            )
-        };
+        let read_u64 = |at| Some(read_within::<object::U64<Le>, R>(data, self.hash, at)?.get(endian));
+        let read_u32 = |at| Some(read_within::<object::U32<Le>, R>(data, self.hash, at)?.get(endian));
 
         let hash = elf::gnu_hash(name);
         // Two bits of one 64-bit bloom word: a name not exported almost
@@ -100,14 +82,11 @@ impl HashedSymbols {
         if index == 0 {
             return Some(Lookup::Absent);
         }
-        let (symbols_at, symbols_size) = self.symbols;
         let symbol_size = size_of::<Sym64<Le>>() as u64;
         for _ in 0..MAX_CHAIN {
             let chain = read_u32(chains_at + u64::from(index.checked_sub(symbol_base)?) * 4)?;
             if chain | 1 == hash | 1 {
-                let at = u64::from(index) * symbol_size;
-                (at.checked_add(symbol_size)? <= symbols_size).then_some(())?;
-                let symbol = data.read_at::<Sym64<Le>>(symbols_at.checked_add(at)?).ok()?;
+                let symbol = read_within::<Sym64<Le>, R>(data, self.symbols, u64::from(index) * symbol_size)?;
                 if symbol.st_shndx(endian) != elf::SHN_UNDEF
                     && symbol.name(endian, strings).ok() == Some(name)
                 {
@@ -124,6 +103,17 @@ impl HashedSymbols {
         }
         None
     }
+}
+
+/// The `T` at `at` in the section at `(offset, size)` of the file, if it
+/// lies wholly inside the section.
+fn read_within<'d, T: object::Pod, R: ReadRef<'d>>(
+    data: R,
+    (offset, size): (u64, u64),
+    at: u64,
+) -> Option<&'d T> {
+    (at.checked_add(size_of::<T>() as u64)? <= size).then_some(())?;
+    data.read_at::<T>(offset.checked_add(at)?).ok()
 }
 
 #[cfg(test)]
@@ -253,6 +243,11 @@ mod tests {
         }
     }
 
+    /// What a synthetic symbol of that value is found as (all are 8 bytes).
+    fn found(value: u64) -> Lookup {
+        Lookup::Found { value, size: 8 }
+    }
+
     #[test]
     fn a_chain_finds_the_defined_symbol_of_the_name_and_only_it() {
         let hash = elf::gnu_hash(b"name");
@@ -262,26 +257,14 @@ mod tests {
         file.symbols[1] = (6, 1, 0x1234);
         assert_eq!(file.find(b"name"), Lookup::Absent, "another name");
         file.symbols[1] = (1, 1, 0x1234);
-        assert_eq!(
-            file.find(b"name"),
-            Lookup::Found {
-                value: 0x1234,
-                size: 8
-            }
-        );
+        assert_eq!(file.find(b"name"), found(0x1234));
         // Not in the bloom filter: never looked for in the chain.
         file.bloom = vec![0];
         assert_eq!(file.find(b"name"), Lookup::Absent);
         // Further down a chain, past entries of other hashes.
         let mut file = Synthetic::new(1, 1, vec![hash ^ 2, hash & !1, hash | 1]);
         file.symbols[3] = (1, 1, 0x5678);
-        assert_eq!(
-            file.find(b"name"),
-            Lookup::Found {
-                value: 0x5678,
-                size: 8
-            }
-        );
+        assert_eq!(file.find(b"name"), found(0x5678));
     }
 
     #[test]
