@@ -85,7 +85,7 @@ fn with_one_switch_in_four_recorded_the_recorded_waits_end_and_the_time_away_add
             &format!("profilerd_samples_lost_total{{reason=\"{reason}\"}}"),
         )
     };
-    let recorded = event("off_cpu_switches") - event("off_cpu_unsampled");
+    let recorded = event("off_cpu_recorded_switches");
     let ended = event("off_cpu_waits") + event("off_cpu_short");
     let refused = lost("off_cpu_waits_map_full") + lost("off_cpu_read_error");
     let threads_now = threads_on_the_machine();

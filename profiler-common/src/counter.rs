@@ -56,12 +56,11 @@ pub enum Counter {
     /// sample has no user stack.
     UnwoundStackMapFull,
     // Off-CPU (the sched_switch program), when enabled.
-    /// Every time a thread (not an idle task) left a CPU. The sampler
-    /// counts here only the switches it records; the daemon adds
-    /// `OffCpuUnsampled` when it reads the counters.
-    OffCpuSwitches,
-    /// Waits not recorded: sampling takes one switch in N (and weighs it N).
-    OffCpuUnsampled,
+    /// Switches recorded: a thread (not an idle task) left a CPU and its
+    /// wait was taken, every time or one time in N (`--off-cpu-sample-every`).
+    /// Unrecorded switches are not counted (a counter on the path every
+    /// switch takes); the kernel counts all of them (`ctxt` in /proc/stat).
+    OffCpuRecordedSwitches,
     /// Recorded waits shorter than the minimum: dropped when they ended.
     OffCpuShort,
     /// Waits added to the counts map when they ended.
@@ -114,7 +113,7 @@ pub enum Counter {
 }
 
 impl Counter {
-    pub const COUNT: u32 = 52;
+    pub const COUNT: u32 = 51;
 
     pub const ALL: [Counter; Self::COUNT as usize] = [
         Counter::Samples,
@@ -145,8 +144,7 @@ impl Counter {
         Counter::UnwindTableFrames,
         Counter::UnwoundStackCollision,
         Counter::UnwoundStackMapFull,
-        Counter::OffCpuSwitches,
-        Counter::OffCpuUnsampled,
+        Counter::OffCpuRecordedSwitches,
         Counter::OffCpuShort,
         Counter::OffCpuWaits,
         Counter::OffCpuStackLost,
@@ -202,8 +200,7 @@ impl Counter {
             Counter::UnwindTableFrames => "unwind_table_frames",
             Counter::UnwoundStackCollision => "unwound_stack_collision",
             Counter::UnwoundStackMapFull => "unwound_stack_map_full",
-            Counter::OffCpuSwitches => "off_cpu_switches",
-            Counter::OffCpuUnsampled => "off_cpu_unsampled",
+            Counter::OffCpuRecordedSwitches => "off_cpu_recorded_switches",
             Counter::OffCpuShort => "off_cpu_short",
             Counter::OffCpuWaits => "off_cpu_waits",
             Counter::OffCpuStackLost => "off_cpu_stack_lost",
@@ -253,8 +250,7 @@ impl Counter {
                 | Counter::UnwindTableFrames
                 | Counter::UnwoundStackCollision
                 | Counter::UnwoundTailsFull
-                | Counter::OffCpuSwitches
-                | Counter::OffCpuUnsampled
+                | Counter::OffCpuRecordedSwitches
                 | Counter::OffCpuShort
                 | Counter::OffCpuWaits
                 | Counter::PythonComplete

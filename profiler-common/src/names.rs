@@ -94,6 +94,9 @@ pub mod globals {
     pub const TASK_PID_OFFSET: &str = "TASK_PID_OFFSET";
     /// Off-CPU sampling: one switch in N is recorded and weighs N (>= 1).
     pub const OFF_CPU_SAMPLE_EVERY: &str = "OFF_CPU_SAMPLE_EVERY";
+    /// Off-CPU sampling: a switch is recorded when a random u32 is below
+    /// this (2^32: every switch); see `off_cpu_record_below`.
+    pub const OFF_CPU_RECORD_BELOW: &str = "OFF_CPU_RECORD_BELOW";
     /// Off-CPU waits shorter than this (ns) are dropped when they end.
     pub const OFF_CPU_MIN_NS: &str = "OFF_CPU_MIN_NS";
     /// Byte offset of `task_struct.thread.fsbase` (0: unknown, no Python frames).

@@ -259,7 +259,6 @@ impl Drainer {
                 })?;
             totals.0[counter as usize] = per_cpu.iter().sum();
         }
-        totals.count_unsampled_switches();
         Ok(totals)
     }
 }

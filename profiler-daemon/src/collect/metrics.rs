@@ -138,7 +138,7 @@ fn encode_sampler(out: &mut DescriptorEncoder, bpf: &BpfCounters) -> fmt::Result
     labelled_counters(
         out,
         "sampler_events",
-        "Normal sampler events (no data lost): unwinding outcomes, and with --off-cpu the context switches seen (off_cpu_switches), waits not sampled (off_cpu_unsampled), dropped as shorter than the minimum (off_cpu_short) and recorded (off_cpu_waits)",
+        "Normal sampler events (no data lost): unwinding outcomes, and with --off-cpu the context switches recorded (off_cpu_recorded_switches: all, or one in N with --off-cpu-sample-every), dropped as shorter than the minimum (off_cpu_short) and recorded (off_cpu_waits)",
         "event",
         &events,
     )

@@ -75,13 +75,6 @@ impl BpfCounters {
         self.0[counter as usize]
     }
 
-    /// The sampler counts a switch it does not record only as unsampled
-    /// (one counter bump on the path every switch takes); switches are
-    /// all of them.
-    pub(super) fn count_unsampled_switches(&mut self) {
-        self.0[Counter::OffCpuSwitches as usize] += self.get(Counter::OffCpuUnsampled);
-    }
-
     /// Sum of every failure counter.
     pub fn errors(&self) -> u64 {
         Counter::ALL

@@ -20,6 +20,8 @@ pub(super) struct Plan {
     pub python: bool,
     /// One switch in N recorded.
     pub sample_every: u64,
+    /// What the program compares its random draw with: [`record_below`].
+    pub record_below: u64,
     pub off_cpu_min_ns: u64,
     /// The maps' capacities as loaded (the configured ones are ceilings).
     pub map_sizes: MapSizes,
@@ -101,6 +103,7 @@ pub(super) fn plan(options: &SamplerOptions, offsets: &btf::TaskOffsets) -> Plan
         off_cpu: off_cpu_on,
         python,
         sample_every: off_cpu.sample_every.max(1),
+        record_below: record_below(off_cpu.sample_every),
         off_cpu_min_ns: off_cpu.min_ns,
         map_sizes: MapSizes {
             kernel_stacks: kernel_stack_entries(options, off_cpu_on),
@@ -125,6 +128,7 @@ pub(super) fn configure<'a>(
         .override_global(globals::ATTACH_NS, &globals.attach_ns, true)
         .override_global(globals::TASK_PID_OFFSET, &globals.pid_offset, true)
         .override_global(globals::OFF_CPU_SAMPLE_EVERY, &plan.sample_every, true)
+        .override_global(globals::OFF_CPU_RECORD_BELOW, &plan.record_below, true)
         .override_global(globals::OFF_CPU_MIN_NS, &plan.off_cpu_min_ns, true)
         .override_global(globals::TASK_FSBASE_OFFSET, &globals.fsbase_offset, true)
         .override_global(globals::UNWIND_MODE, &globals.unwind_mode, true)
@@ -230,4 +234,36 @@ fn kernel_stack_entries(options: &SamplerOptions, off_cpu: bool) -> u32 {
         .clamp(KERNEL_STACK_MIN_ENTRIES, 1 << 31)
         .next_power_of_two();
     u32::try_from(wanted).unwrap_or(u32::MAX).min(configured)
+}
+
+/// The bound below which the switch program's random u32 records a switch,
+/// for one switch in `every`: 2^32 / `every`, rounded. A recorded wait
+/// weighs `every`, where the draw's odds are exactly bound / 2^32; the two
+/// differ by less than `every` / 2^33 (under 0.012% at the ceiling, 10^6).
+fn record_below(every: u64) -> u64 {
+    const DRAWS: u64 = 1 << 32;
+    match every {
+        0 | 1 => DRAWS,
+        every => ((DRAWS + every / 2) / every).max(1),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::record_below;
+
+    #[test]
+    fn the_draw_records_one_switch_in_every_with_odds_within_a_hundredth_of_a_percent() {
+        assert_eq!(record_below(1), 1 << 32, "every switch");
+        assert_eq!(record_below(0), 1 << 32, "0 is taken as 1");
+        assert_eq!(record_below(2), 1 << 31);
+        for every in [3_u64, 4, 16, 300, 1_000, 65_537, 999_999, 1_000_000] {
+            let odds = record_below(every) as f64 / (1_u64 << 32) as f64;
+            let bias = (odds * every as f64 - 1.0).abs();
+            assert!(
+                bias < 1.2e-4,
+                "one in {every}: odds {odds} weigh {every} with a bias of {bias}"
+            );
+        }
+    }
 }
