@@ -143,6 +143,102 @@ fn with_one_switch_in_four_recorded_a_switch_storm_on_one_cpu_adds_up_to_the_win
     drop(pingpong);
 }
 
+/// The budget for the test below: recorded switches per CPU per second.
+const BUDGET: u64 = 4000;
+/// Percent the quiet thread's on + off may be off the window: every one of
+/// its switches is recorded (its CPU stays within the budget), so exact but
+/// for the window's edges.
+const QUIET_PERCENT: f64 = 3.0;
+/// The same for the ping-pong's threads, each wait weighing ~2^7 under the
+/// budget: unbiased but for what recording a wait costs the thread that
+/// runs meanwhile (cooled caches), counted 2^7 times over (8% at 1000 a
+/// second, 2^9; README, "Off-CPU").
+const BUDGET_PINGPONG_PERCENT: f64 = 15.0;
+
+/// A switch storm on CPU 0 and a thread waiting ~900 times a second on CPU
+/// 1, with a budget of 4000 recorded switches per CPU per second: the
+/// storm's CPU records about that many (one in ~2^7 of its switches), the
+/// quiet CPU every switch, and both add up to the window.
+#[test]
+fn with_a_budget_a_storm_records_what_the_budget_allows_and_a_quiet_cpu_every_switch() {
+    let _serial = serial();
+    let daemon = Daemon::start(&[
+        "--off-cpu",
+        "--off-cpu-budget",
+        &BUDGET.to_string(),
+        "--drain-interval-ms",
+        "100",
+    ]);
+    let pingpong = Workload::spawn("taskset", &["-c", "0", PINGPONG, "-t", "60"]);
+    let quiet = Workload::spawn("taskset", &["-c", "1", STORM, "1", "60"]);
+    let switches_before = context_switches();
+    let recorded_before = recorded_switches(&daemon);
+    let started = std::time::Instant::now();
+    let (window_ns, json) = last_window(&daemon, pingpong.pid());
+    // Counters are read at drains (every 100 ms): one more, and the
+    // interval is the drains' own.
+    sleep(Duration::from_millis(300));
+    let seconds = started.elapsed().as_secs_f64();
+    let recorded = recorded_switches(&daemon) - recorded_before;
+    let switches = context_switches() - switches_before;
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    let ceiling = BUDGET as f64 * cpus * seconds;
+    eprintln!(
+        "{recorded} switches recorded of {switches} in {seconds:.2} s; the budget allows {ceiling:.0} on {cpus} CPUs"
+    );
+    assert!(
+        (recorded as f64) <= ceiling * 1.1,
+        "{recorded} switches recorded in {seconds:.2} s: over the budget of {BUDGET} per CPU per second \
+         ({ceiling:.0} on {cpus} CPUs)"
+    );
+    assert!(
+        recorded * 20 < switches,
+        "the storm's {switches} switches should be sampled (one in ~128), got {recorded} recorded"
+    );
+    for (tid, thread) in threads_by_tid(&json) {
+        let (on, off, error) = on_and_off("ping-pong thread", tid, &thread, window_ns);
+        assert!(
+            error <= BUDGET_PINGPONG_PERCENT,
+            "ping-pong thread {tid}: on-CPU + off-CPU should be the window, {window_ns} ns \
+             ±{BUDGET_PINGPONG_PERCENT}% under a budget, got {on} + {off} ns ({error:.2}% off)"
+        );
+    }
+    let quiet_json = threads_json(&daemon, &format!("pid={}&seconds={WINDOW_SECONDS}", quiet.pid()));
+    let quiet_window = {
+        let (start_ms, end_ms) = window_of(&quiet_json);
+        (end_ms - start_ms) * 1_000_000
+    };
+    let waiter = threads_by_tid(&quiet_json)
+        .into_iter()
+        .find(|(tid, _)| *tid != quiet.pid())
+        .unwrap_or_else(|| panic!("the quiet storm's thread should be in /threads: {quiet_json}"));
+    let (on, off, error) = on_and_off("quiet thread", waiter.0, &waiter.1, quiet_window);
+    assert!(
+        error <= QUIET_PERCENT,
+        "the thread waiting ~900 times a second on CPU 1, within the budget, should have every \
+         switch recorded and add up to the window, {quiet_window} ns ±{QUIET_PERCENT}%, got {on} + {off} ns \
+         ({error:.2}% off)"
+    );
+    drop(pingpong);
+    drop(quiet);
+}
+
+fn recorded_switches(daemon: &Daemon) -> u64 {
+    metric(
+        &daemon.get("/metrics").text(),
+        "profilerd_sampler_events_total{event=\"off_cpu_recorded_switches\"}",
+    )
+}
+
+/// Context switches on the machine so far (`ctxt` in /proc/stat).
+fn context_switches() -> u64 {
+    std::fs::read_to_string("/proc/stat")
+        .expect("/proc/stat")
+        .lines()
+        .find_map(|line| line.strip_prefix("ctxt ")?.trim().parse().ok())
+        .expect("ctxt in /proc/stat")
+}
+
 fn start_sampled_daemon() -> Daemon {
     Daemon::start(&[
         "--off-cpu",

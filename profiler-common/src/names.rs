@@ -97,6 +97,14 @@ pub mod globals {
     /// Off-CPU sampling: a switch is recorded when a random u32 is below
     /// this (2^32: every switch); see `off_cpu_record_below`.
     pub const OFF_CPU_RECORD_BELOW: &str = "OFF_CPU_RECORD_BELOW";
+    /// Off-CPU budget: [`OFF_CPU_RATE_SWITCHES`] switches of a CPU that
+    /// take less than this many ns are more than its budget (recorded
+    /// switches per CPU per second) at the odds of one in N, which then halve
+    /// until they are not (0: no budget).
+    pub const OFF_CPU_BUDGET_NS: &str = "OFF_CPU_BUDGET_NS";
+    /// A CPU's switch rate is measured over this many of its switches (a
+    /// power of two): the clock is read once per so many, not per switch.
+    pub const OFF_CPU_RATE_SWITCHES: u64 = 256;
     /// Off-CPU waits shorter than this (ns) are dropped when they end.
     pub const OFF_CPU_MIN_NS: &str = "OFF_CPU_MIN_NS";
     /// Byte offset of `task_struct.thread.fsbase` (0: unknown, no Python frames).

@@ -135,6 +135,10 @@ pub struct Wait {
     pub recorded_ns: u16,
     pub comm: [u8; COMM_LEN],
     pub cgroup_id: u64,
+    /// What the wait weighs: one over the odds it was recorded
+    /// (`--off-cpu-sample-every` times 2 to the halvings its CPU's switch
+    /// rate called for when it began); 0 is taken as 1.
+    pub weight: u64,
 }
 
 /// A thread's last CPU time, recorded as it exits (value of the THREAD_EXITS
@@ -214,7 +218,8 @@ pub const CONTROL_LEN: u32 = 1;
 // The layout is the contract: no implicit padding, sizes fixed.
 const _: () = assert!(core::mem::size_of::<SampleKey>() == 5 * 4 + COMM_LEN + 2 * 2 + 2 * 4 + 8);
 const _: () = assert!(core::mem::offset_of!(SampleKey, cgroup_id) == 5 * 4 + COMM_LEN + 2 * 2 + 2 * 4);
-const _: () = assert!(core::mem::size_of::<Wait>() == 8 + 5 * 4 + 2 * 2 + COMM_LEN + 8);
+const _: () = assert!(core::mem::size_of::<Wait>() == 8 + 5 * 4 + 2 * 2 + COMM_LEN + 8 + 8);
+const _: () = assert!(core::mem::offset_of!(Wait, weight) == 8 + 5 * 4 + 2 * 2 + COMM_LEN + 8);
 const _: () = assert!(core::mem::offset_of!(Wait, cgroup_id) == 8 + 5 * 4 + 2 * 2 + COMM_LEN);
 const _: () = assert!(core::mem::align_of::<SampleKey>() == 8);
 const _: () = assert!(core::mem::size_of::<ProcessEvent>() == 8 + 4 * 4);

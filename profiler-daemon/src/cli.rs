@@ -101,6 +101,11 @@ pub struct SamplingArgs {
     /// Off-CPU: record one context switch in N, weighted N (1: every one).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub off_cpu_sample_every: u64,
+    /// Off-CPU: record at most about this many context switches per CPU per
+    /// second (the odds halve while a CPU switches faster; each recorded
+    /// wait weighs one over its odds). 0: no limit.
+    #[arg(long, default_value_t = crate::collect::DEFAULT_OFF_CPU_BUDGET, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
+    pub off_cpu_budget: u64,
     /// Off-CPU: drop waits shorter than this, in microseconds (0: keep all).
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=10_000_000))]
     pub off_cpu_min_us: u64,
@@ -343,6 +348,7 @@ impl SamplingArgs {
                 off_cpu: OffCpuOptions {
                     enabled: self.off_cpu,
                     sample_every: self.off_cpu_sample_every,
+                    budget: self.off_cpu_budget,
                     min_ns: self.off_cpu_min_us.saturating_mul(1000),
                 },
                 python_frames: !self.no_python_frames,

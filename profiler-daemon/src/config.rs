@@ -48,6 +48,7 @@ pub struct Config {
     pub python_frames: Option<bool>,
     pub proc_root: Option<PathBuf>,
     pub off_cpu_sample_every: Option<u64>,
+    pub off_cpu_budget: Option<u64>,
     pub off_cpu_min_us: Option<u64>,
     pub alloc_sample_bytes: Option<u64>,
     pub alloc_max_processes: Option<u64>,
@@ -93,7 +94,7 @@ pub const OTHER_KEYS: [&str; 15] = [
 
 /// The accepted range of each numeric key: the same as its flag's (a test
 /// checks them against clap's).
-pub const RANGES: [(&str, RangeInclusive<u64>); 25] = [
+pub const RANGES: [(&str, RangeInclusive<u64>); 26] = [
     ("retention_seconds", 1..=86_400),
     ("store_max_mb", 1..=65_536),
     ("store_user_share_percent", 0..=100),
@@ -108,6 +109,7 @@ pub const RANGES: [(&str, RangeInclusive<u64>); 25] = [
     ("unwind_table_memory_mb", 1..=4096),
     ("unwind_table_user_share_percent", 0..=100),
     ("off_cpu_sample_every", 1..=1_000_000),
+    ("off_cpu_budget", 0..=1_000_000),
     ("off_cpu_min_us", 0..=10_000_000),
     ("alloc_sample_bytes", 0..=1 << 30),
     ("alloc_max_processes", 1..=64),
@@ -185,7 +187,7 @@ impl Config {
         Self::parse(&text, &shown)
     }
 
-    fn numbers(&self) -> [(&'static str, Option<u64>); 25] {
+    fn numbers(&self) -> [(&'static str, Option<u64>); 26] {
         [
             ("retention_seconds", self.retention_seconds),
             ("store_max_mb", self.store_max_mb),
@@ -204,6 +206,7 @@ impl Config {
                 self.unwind_table_user_share_percent,
             ),
             ("off_cpu_sample_every", self.off_cpu_sample_every),
+            ("off_cpu_budget", self.off_cpu_budget),
             ("off_cpu_min_us", self.off_cpu_min_us),
             ("alloc_sample_bytes", self.alloc_sample_bytes),
             ("alloc_max_processes", self.alloc_max_processes),

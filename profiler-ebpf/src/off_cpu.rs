@@ -5,17 +5,26 @@
 //!   runnable) and where: its kernel and user stacks, taken now, the user
 //!   one through the same walk as CPU samples;
 //! - the thread arriving ends its wait: the time away goes to the counts map
-//!   under the stacks it left with, weighted by the sampling rate.
+//!   under the stacks it left with, weighted by the odds it was recorded.
+//!
+//! Which switches are recorded: one in N (`--off-cpu-sample-every`, default
+//! every one), and on a CPU that switches faster than the budget
+//! (`--off-cpu-budget`, recorded switches per CPU per second) half as many,
+//! or a quarter, and so on ([`drawn`]). A quiet machine records every
+//! switch, exact per thread; a switch storm pays a recorded switch's stack
+//! walks (~3 us) only as often as the budget allows. Every recorded wait
+//! weighs one over its odds, so totals stay unbiased.
 //!
 //! A wait still going on at a drain is credited by the daemon up to the
 //! drain (it reads OFF_CPU_WAITS), and the rest when it ends; so a thread
 //! blocked for hours shows up in every window, not once at the end.
 //!
 //! Every switch pays the program's dispatch and what it does before it knows
-//! there is nothing to record, so that part is kept to the minimum: with one
-//! switch in N recorded, an unrecorded one costs a random draw without a
-//! helper call ([`draw`]) and a compare (no counter: the kernel counts
-//! switches, `ctxt` in /proc/stat), and a
+//! there is nothing to record, so that part is kept to the minimum: an
+//! unrecorded one costs a per-CPU counter, a random draw without a helper
+//! call ([`draw`]) and a compare (the clock is read once in 256 switches,
+//! and no event counter: the kernel counts switches, `ctxt` in /proc/stat),
+//! and a
 //! thread arriving without a recorded wait one array read (OFF_CPU_PENDING)
 //! instead of a read of its task and a hash lookup. The clock, the thread id
 //! and the buffer generation are read only where a wait begins or ends.
@@ -31,7 +40,9 @@ use aya_ebpf::{
     maps::{Array, LruHashMap, PerCpuArray, StackTrace},
     programs::{RawTracePointContext, tracing::StackIdContext},
 };
-use profiler_common::{COMM_LEN, Counter, Wait, maps::*, sample_kind, unwind_mode};
+use profiler_common::{
+    COMM_LEN, Counter, Wait, globals::OFF_CPU_RATE_SWITCHES, maps::*, sample_kind, unwind_mode,
+};
 
 use crate::{
     BUFFER_0, BUFFER_1, Buffer, UNWIND_MODE, atomic_add, bump, count, current_cgroup, generation,
@@ -52,9 +63,9 @@ const TASK_DEAD: u64 = 0x80;
 static OFF_CPU_WAITS: LruHashMap<u32, Wait> = LruHashMap::with_max_entries(DEFAULT_THREADS_ENTRIES, 0);
 
 /// How many recorded waits not yet ended belong to tasks whose address
-/// hashes to each slot ([`pending_slot`]). Used only when one switch in N
-/// is recorded (with every switch recorded nearly every arriving thread has
-/// a wait, and the daemon sizes this to one slot). A slot is never below the
+/// hashes to each slot ([`pending_slot`]). Used only when some switches may
+/// go unrecorded (one in N, or a budget; with every switch recorded nearly
+/// every arriving thread has a wait, and the daemon sizes this to one slot). A slot is never below the
 /// waits it stands for: it is raised once a wait is stored, before the
 /// thread can run anywhere, and lowered by the switch that ends the wait. A
 /// wait evicted from OFF_CPU_WAITS, or whose end a failed read of the task
@@ -63,9 +74,28 @@ static OFF_CPU_WAITS: LruHashMap<u32, Wait> = LruHashMap::with_max_entries(DEFAU
 #[map]
 static OFF_CPU_PENDING: Array<u64> = Array::with_max_entries(1 << OFF_CPU_PENDING_BITS, 0);
 
-/// Each CPU's xorshift64 state for [`draw`] (0: not seeded yet).
+/// Each CPU's draw: its generator and the rate its switches come at.
 #[map]
-static OFF_CPU_DRAW: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+static OFF_CPU_DRAW: PerCpuArray<CpuDraw> = PerCpuArray::with_max_entries(1, 0);
+
+/// Halvings stop before a weight above this, 2^20 (`every` is at most 10^6,
+/// below it): a wait of up to 2^44 ns, 4.9 hours, times its weight still
+/// fits the counts' u64.
+const MAX_WEIGHT: u64 = 1 << 20;
+
+#[derive(Clone, Copy)]
+#[repr(C)]
+struct CpuDraw {
+    /// xorshift64 state for [`draw`] (0: not seeded yet).
+    rng: u64,
+    /// Switches seen on this CPU (with a budget only).
+    switches: u64,
+    /// When the last RATE_SWITCHES of them were counted.
+    measured_ns: u64,
+    /// The odds of one in `every` are halved this many times: the budget
+    /// over the rate of the last RATE_SWITCHES switches.
+    halvings: u64,
+}
 
 #[unsafe(no_mangle)]
 static TASK_PID_OFFSET: Global<u64> = Global::new(0);
@@ -75,6 +105,12 @@ static OFF_CPU_SAMPLE_EVERY: Global<u64> = Global::new(1);
 /// in N (2^32: every switch). A compare, where `% N` is a 64-bit division.
 #[unsafe(no_mangle)]
 static OFF_CPU_RECORD_BELOW: Global<u64> = Global::new(1 << 32);
+/// The budget (recorded switches per CPU per second, at most: the odds
+/// halve, so between half that and that) as the least time
+/// OFF_CPU_RATE_SWITCHES switches may take at the odds of one in N
+/// (`globals::OFF_CPU_BUDGET_NS`); 0: no budget.
+#[unsafe(no_mangle)]
+static OFF_CPU_BUDGET_NS: Global<u64> = Global::new(0);
 #[unsafe(no_mangle)]
 static OFF_CPU_MIN_NS: Global<u64> = Global::new(0);
 
@@ -83,9 +119,63 @@ static OFF_CPU_MIN_NS: Global<u64> = Global::new(0);
 #[raw_tracepoint(tracepoint = "sched_switch")]
 pub fn on_switch(ctx: RawTracePointContext) -> i32 {
     let every = OFF_CPU_SAMPLE_EVERY.load();
-    let now = switched_out(&ctx, every);
-    switched_in(&ctx, every, now);
+    let budget_ns = OFF_CPU_BUDGET_NS.load();
+    // Some switches may go unrecorded: arriving threads check the pending
+    // slots before looking for a wait.
+    let sampled = every > 1 || budget_ns != 0;
+    let now = switched_out(&ctx, every, budget_ns, sampled);
+    switched_in(&ctx, sampled, now);
     0
+}
+
+/// Whether this switch is recorded, and what its wait then weighs: one in
+/// `every`, halved as many times as this CPU's switch rate needs to stay
+/// within the budget (`budget_ns`, OFF_CPU_BUDGET_NS).
+#[inline(always)]
+fn drawn(every: u64, budget_ns: u64) -> Option<u64> {
+    let state = OFF_CPU_DRAW.get_ptr_mut(0)?;
+    // SAFETY: this CPU's slot; the program runs with interrupts off inside
+    // the scheduler, so nothing else on this CPU uses it meanwhile.
+    let state = unsafe { &mut *state };
+    if budget_ns != 0 {
+        state.switches += 1;
+        if state.switches & (OFF_CPU_RATE_SWITCHES - 1) == 0 {
+            retune(state, every, budget_ns);
+        }
+    }
+    let halvings = state.halvings;
+    let below = OFF_CPU_RECORD_BELOW.load() >> halvings;
+    if below < 1 << 32 && u64::from(draw(state)) >= below {
+        return None;
+    }
+    Some(every << halvings)
+}
+
+/// The halvings for the rate of this CPU's last OFF_CPU_RATE_SWITCHES
+/// switches: the fewest that keep them within the budget, i.e. make them
+/// last at least `budget_ns` once divided by 2^halvings. Unbiased whatever
+/// they are: a wait weighs one over the odds it was drawn with, which
+/// depend on the switches before it, not on it.
+#[inline(always)]
+fn retune(state: &mut CpuDraw, every: u64, budget_ns: u64) {
+    // SAFETY: a helper without arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let mut elapsed = now.saturating_sub(state.measured_ns);
+    state.measured_ns = now;
+    let mut halvings = 0;
+    let mut weight = every;
+    // At most log2(MAX_WEIGHT) rounds.
+    for _ in 0..20 {
+        if elapsed >= budget_ns || weight > MAX_WEIGHT / 2 {
+            break;
+        }
+        // No overflow: `elapsed` < `budget_ns` (at most 2.56e11, under
+        // 2^38) before it doubles.
+        elapsed <<= 1;
+        weight <<= 1;
+        halvings += 1;
+    }
+    state.halvings = halvings;
 }
 
 /// A uniform random u32 from this CPU's xorshift64 generator (Marsaglia's
@@ -97,14 +187,8 @@ pub fn on_switch(ctx: RawTracePointContext) -> i32 {
 /// recorded stays independent of what the thread does: nothing the
 /// workload sees or sets feeds the state, only how many switches drew.
 #[inline(always)]
-fn draw() -> u32 {
-    let Some(state) = OFF_CPU_DRAW.get_ptr_mut(0) else {
-        // SAFETY: a helper without arguments.
-        return unsafe { bpf_get_prandom_u32() };
-    };
-    // SAFETY: this CPU's slot; the program runs with interrupts off inside
-    // the scheduler, so nothing else on this CPU uses it meanwhile.
-    let mut x = unsafe { *state };
+fn draw(state: &mut CpuDraw) -> u32 {
+    let mut x = state.rng;
     if x == 0 {
         // Seeded once per CPU from the kernel's generator; never 0 again.
         // SAFETY: helpers without arguments.
@@ -113,8 +197,7 @@ fn draw() -> u32 {
     x ^= x << 13;
     x ^= x >> 7;
     x ^= x << 17;
-    // SAFETY: as above.
-    unsafe { *state = x };
+    state.rng = x;
     (x >> 32) as u32
 }
 
@@ -134,11 +217,9 @@ fn pending_slot(task: *const u8) -> Option<*mut u64> {
 /// program's run, stack walks included, to the arriving thread's CPU time,
 /// so a later clock read would count the walks twice).
 #[inline(always)]
-fn switched_out(ctx: &RawTracePointContext, every: u64) -> Option<u64> {
+fn switched_out(ctx: &RawTracePointContext, every: u64, budget_ns: u64, sampled: bool) -> Option<u64> {
     // The draw first: an unrecorded switch does nothing else.
-    if every > 1 && u64::from(draw()) >= OFF_CPU_RECORD_BELOW.load() {
-        return None;
-    }
+    let weight = if sampled { drawn(every, budget_ns)? } else { 1 };
     // sched_switch has four arguments; the first and fourth are integers.
     let (preempt, prev_state) = (ctx.arg::<u64>(0), ctx.arg::<u64>(3));
     if prev_state & TASK_DEAD != 0 {
@@ -187,6 +268,7 @@ fn switched_out(ctx: &RawTracePointContext, every: u64) -> Option<u64> {
         recorded_ns: 0,
         comm: bpf_get_current_comm().unwrap_or([0; COMM_LEN]),
         cgroup_id: current_cgroup(),
+        weight,
     };
     // The wait is timed from here, with the time its stacks took added
     // once when it ends. That time is this switch's own cost, charged to the
@@ -226,7 +308,7 @@ fn switched_out(ctx: &RawTracePointContext, every: u64) -> Option<u64> {
     // must not hold its slot up): the thread cannot arrive on any CPU
     // before this switch completes, so no switch-in reads the slot between.
     if stored
-        && every > 1
+        && sampled
         && let Some(slot) = pending_slot(ctx.arg::<*const u8>(1))
     {
         // SAFETY: a live array slot; other CPUs add to it too.
@@ -260,14 +342,14 @@ fn wait_stacks(ctx: &RawTracePointContext, walk: UserWalk, buffer: &Buffer) -> (
 
 /// The next thread gets the CPU: its wait, if one was recorded, ends.
 #[inline(always)]
-fn switched_in(ctx: &RawTracePointContext, every: u64, now: Option<u64>) {
+fn switched_in(ctx: &RawTracePointContext, sampled: bool, now: Option<u64>) {
     let offset = TASK_PID_OFFSET.load();
     if offset == 0 {
         return;
     }
     // The third argument: the next task_struct.
     let next = ctx.arg::<*const u8>(2);
-    let pending = if every > 1 { pending_slot(next) } else { None };
+    let pending = if sampled { pending_slot(next) } else { None };
     if let Some(slot) = pending {
         // SAFETY: a live array slot; a plain read (a slot raised on another
         // CPU a moment ago belongs to a task that is still switching out
@@ -315,16 +397,17 @@ fn switched_in(ctx: &RawTracePointContext, every: u64, now: Option<u64>) {
         bump(Counter::OffCpuShort);
         return;
     }
-    let every = every.max(1);
+    let weight = wait.weight.max(1);
     let key = wait.key(tid);
-    // No overflow: waits are far below 2^44 ns and `every` <= 10^6 (a checked
-    // multiply would need a 128-bit helper BPF does not have).
+    // No overflow: waits are far below 2^44 ns and a weight at most
+    // MAX_WEIGHT, 2^20 (a checked multiply would need a 128-bit helper BPF
+    // does not have).
     let counts = if generation() & 1 == 1 {
         BUFFER_1.counts
     } else {
         BUFFER_0.counts
     };
-    count(ctx, counts, &key, every, waited.wrapping_mul(every) + recorded);
+    count(ctx, counts, &key, weight, waited.wrapping_mul(weight) + recorded);
     bump(Counter::OffCpuWaits);
 }
 

@@ -110,10 +110,10 @@ impl Drainer {
     }
 
     /// Off-CPU is on: waits still going on are read at every drain.
-    pub(super) fn track_waits(&mut self, map: HashMap<MapData, u32, Wait>, sample_every: u64, min_ns: u64) {
+    pub(super) fn track_waits(&mut self, map: HashMap<MapData, u32, Wait>, min_ns: u64) {
         self.waits = Some(Waits {
             map,
-            tracker: WaitTracker::new(sample_every, min_ns),
+            tracker: WaitTracker::new(min_ns),
             read: Vec::new(),
             entries: Vec::new(),
         });

@@ -37,7 +37,8 @@ pub use process_snapshot::{MAX_FILES_PER_PROCESS, ProcessSnapshot, SnapshotMappi
 pub use raw::{BpfCounters, CpuCredits, RawBatch, RawSample, UNSAMPLED_CPU, UNSAMPLED_CPU_STACK_ID};
 pub use readable::{ReadableBy, readable_by, readable_by_status};
 pub use sampler::{
-    DEFAULT_ALLOC_SAMPLE_BYTES, MapSizes, OffCpuOptions, Sampler, SamplerOptions, UnwindMaps, UnwindMode,
+    DEFAULT_ALLOC_SAMPLE_BYTES, DEFAULT_OFF_CPU_BUDGET, MapSizes, OffCpuOptions, Sampler, SamplerOptions,
+    UnwindMaps, UnwindMode,
 };
 pub use watcher::{ProcessNotice, ProcessWatcher, WatcherStats};
 

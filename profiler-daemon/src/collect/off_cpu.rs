@@ -54,7 +54,6 @@ struct Credited {
 }
 
 pub(super) struct WaitTracker {
-    weight: u64,
     min_ns: u64,
     drains: u64,
     kept: StdHashMap<StackRef, KeptStacks>,
@@ -68,9 +67,8 @@ pub(super) struct WaitTracker {
 type PreviousStacks = (u32, StdHashMap<u32, Arc<[u64]>>, StdHashMap<u32, Arc<[u64]>>);
 
 impl WaitTracker {
-    pub(super) fn new(weight: u64, min_ns: u64) -> Self {
+    pub(super) fn new(min_ns: u64) -> Self {
         Self {
-            weight: weight.max(1),
             min_ns,
             drains: 0,
             kept: StdHashMap::new(),
@@ -175,7 +173,7 @@ impl WaitTracker {
             };
             let ns = flipped_ns
                 .saturating_sub(credited.until_ns)
-                .saturating_mul(self.weight);
+                .saturating_mul(wait.weight.max(1));
             credited.until_ns = flipped_ns;
             credited.ns += ns;
             credited.seen = self.drains;

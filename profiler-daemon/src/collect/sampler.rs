@@ -23,7 +23,9 @@ use aya::{
 use profiler_common::{maps, programs};
 
 pub use handles::UnwindMaps;
-pub use options::{DEFAULT_ALLOC_SAMPLE_BYTES, MapSizes, OffCpuOptions, SamplerOptions, UnwindMode};
+pub use options::{
+    DEFAULT_ALLOC_SAMPLE_BYTES, DEFAULT_OFF_CPU_BUDGET, MapSizes, OffCpuOptions, SamplerOptions, UnwindMode,
+};
 
 use super::{
     CollectError, Drainer, KernelNamer,
@@ -85,11 +87,7 @@ impl Sampler {
             }
         }
         if plan.off_cpu {
-            drainer.track_waits(
-                convert(&mut ebpf, maps::OFF_CPU_WAITS)?,
-                plan.sample_every,
-                plan.off_cpu_min_ns,
-            );
+            drainer.track_waits(convert(&mut ebpf, maps::OFF_CPU_WAITS)?, plan.off_cpu_min_ns);
         }
         let unwind = if plan.tables {
             Some(take_unwind_maps(&mut ebpf, plan.python)?)

@@ -136,6 +136,11 @@ impl Config {
             "off_cpu_sample_every",
         );
         from_file.set(
+            &mut sampling.off_cpu_budget,
+            self.off_cpu_budget,
+            "off_cpu_budget",
+        );
+        from_file.set(
             &mut sampling.off_cpu_min_us,
             self.off_cpu_min_us,
             "off_cpu_min_us",

@@ -13,7 +13,7 @@ pub fn describe(args: &DaemonArgs) -> String {
          counts_map_entries = {}\nuser_stack_map_entries = {}\nkernel_stack_map_entries = {}\n\
          max_open_files = {}\nsymbolizer_memory_mb = {}\nsymbolizer_deadline_ms = {}\ndebug_file_lines = {}\n\
          unwind = \"{}\"\nunwind_table_memory_mb = {}\nunwind_table_user_share_percent = {}\n\
-         off_cpu = {}\noff_cpu_sample_every = {}\noff_cpu_min_us = {}\npython_frames = {}\nproc_root = {:?}\n\
+         off_cpu = {}\noff_cpu_sample_every = {}\noff_cpu_budget = {}\noff_cpu_min_us = {}\npython_frames = {}\nproc_root = {:?}\n\
          alloc_sample_bytes = {}\nalloc_max_processes = {}\nalloc_budget_percent = {}\nalloc_trace_comms = {:?}\nalloc_trace_units = {:?}\nalloc_trace_pids = {:?}\n\
          http_max_connections = {}\nhttp_header_timeout_ms = {}\nhttp_idle_timeout_seconds = {}\n\
          scrape_concurrency = {}\nscrape_queue = {}\nscrape_memory_mb = {}\nscrape_share_ms = {}\n\
@@ -37,6 +37,7 @@ pub fn describe(args: &DaemonArgs) -> String {
         s.unwind_table_user_share_percent,
         s.off_cpu,
         s.off_cpu_sample_every,
+        s.off_cpu_budget,
         s.off_cpu_min_us,
         !s.no_python_frames,
         s.proc_root,

@@ -18,6 +18,7 @@ fn wait(since_ns: u64, generation: u32, user: i32, kernel: i32) -> Wait {
         recorded_ns: 0,
         comm: [b'w'; COMM_LEN],
         cgroup_id: 1,
+        weight: 1,
     }
 }
 
@@ -66,7 +67,7 @@ fn total_ns(batches: &[&RawBatch], tid: u32) -> u64 {
 
 #[test]
 fn a_wait_across_drains_is_counted_once_with_its_stacks_in_every_window() {
-    let mut tracker = WaitTracker::new(1, 0);
+    let mut tracker = WaitTracker::new(0);
     let blocked = wait(100 * MS, 0, 3, 4);
     // Drain of generation 0 at 1000 ms: the wait (begun at 100 ms) goes on.
     let mut first = batch_with_stacks(&[(3, &[0x10, 0x20])], &[(4, &[0xf_fff1])]);
@@ -127,7 +128,7 @@ fn a_wait_across_drains_is_counted_once_with_its_stacks_in_every_window() {
 
 #[test]
 fn a_wait_that_ends_right_after_a_flip_finds_the_previous_batchs_stacks() {
-    let mut tracker = WaitTracker::new(1, 0);
+    let mut tracker = WaitTracker::new(0);
     // Begun in generation 5; ended after the flip and before the waits were read.
     let short = wait(900 * MS, 5, 8, -14);
     let mut first = batch_with_stacks(&[(8, &[0xabc])], &[]);
@@ -143,7 +144,7 @@ fn a_wait_that_ends_right_after_a_flip_finds_the_previous_batchs_stacks() {
 
 #[test]
 fn a_wait_of_the_drained_buffer_timed_from_after_the_flip_keeps_its_stacks() {
-    let mut tracker = WaitTracker::new(1, 0);
+    let mut tracker = WaitTracker::new(0);
     // Its buffer picked before the flip, its time taken after it.
     let late = wait(1001 * MS, 3, 5, 6);
     let mut first = batch_with_stacks(&[(5, &[0x55])], &[(6, &[0xf_ff66])]);
@@ -171,27 +172,42 @@ fn a_wait_of_the_drained_buffer_timed_from_after_the_flip_keeps_its_stacks() {
 }
 
 #[test]
-fn weights_scale_credits_and_short_waits_are_left_to_the_sampler() {
-    let mut tracker = WaitTracker::new(4, 50 * MS);
-    let long = wait(100 * MS, 0, 1, 2);
-    let young = wait(990 * MS, 0, 1, 2);
+fn each_wait_s_weight_scales_its_credit_and_short_waits_are_left_to_the_sampler() {
+    let mut tracker = WaitTracker::new(50 * MS);
+    let long = Wait {
+        weight: 4,
+        ..wait(100 * MS, 0, 1, 2)
+    };
+    let unweighted = Wait {
+        weight: 0,
+        ..wait(200 * MS, 0, 1, 2)
+    };
+    let young = Wait {
+        weight: 8,
+        ..wait(990 * MS, 0, 1, 2)
+    };
     let mut batch = batch_with_stacks(&[(1, &[1])], &[(2, &[2])]);
-    tracker.drained(&mut batch, 0, 1000 * MS, &[(1, long), (2, young)]);
-    assert_eq!(
-        batch.samples.len(),
-        1,
-        "the 10 ms wait may still be dropped as short"
+    tracker.drained(
+        &mut batch,
+        0,
+        1000 * MS,
+        &[(1, long), (3, unweighted), (2, young)],
     );
+    let credited: Vec<(u32, u64)> = batch
+        .samples
+        .iter()
+        .map(|sample| (sample.key.tid, sample.amount))
+        .collect();
     assert_eq!(
-        batch.samples[0].amount,
-        4 * 900 * MS,
-        "weighted by the sampling rate"
+        credited,
+        [(1, 4 * 900 * MS), (3, 800 * MS)],
+        "each wait weighted by its own odds (0 taken as 1); the 10 ms wait may still be dropped as short"
     );
 }
 
 #[test]
 fn cpu_samples_and_current_generation_waits_pass_untouched() {
-    let mut tracker = WaitTracker::new(1, 0);
+    let mut tracker = WaitTracker::new(0);
     let current = wait(1500 * MS, 3, 1, 2);
     let mut batch = batch_with_stacks(&[(1, &[1])], &[(2, &[2])]);
     let mut cpu = ended(&current, 5, 1600 * MS, 1);
@@ -205,7 +221,7 @@ fn cpu_samples_and_current_generation_waits_pass_untouched() {
 
 #[test]
 fn a_lost_stack_is_counted_and_the_time_kept() {
-    let mut tracker = WaitTracker::new(1, 0);
+    let mut tracker = WaitTracker::new(0);
     // Begun in a generation the tracker never saw (before it started).
     let orphan = wait(100 * MS, 9, 1, 2);
     let mut batch = RawBatch::default();

@@ -22,6 +22,10 @@ pub(super) struct Plan {
     pub sample_every: u64,
     /// What the program compares its random draw with: [`record_below`].
     pub record_below: u64,
+    /// Recorded switches per CPU per second, at most (0: no limit).
+    pub budget: u64,
+    /// The same as the program takes it: [`budget_ns`].
+    pub budget_ns: u64,
     pub off_cpu_min_ns: u64,
     /// The maps' capacities as loaded (the configured ones are ceilings).
     pub map_sizes: MapSizes,
@@ -104,6 +108,8 @@ pub(super) fn plan(options: &SamplerOptions, offsets: &btf::TaskOffsets) -> Plan
         python,
         sample_every: off_cpu.sample_every.max(1),
         record_below: record_below(off_cpu.sample_every),
+        budget: off_cpu.budget,
+        budget_ns: budget_ns(off_cpu.budget, off_cpu.sample_every),
         off_cpu_min_ns: off_cpu.min_ns,
         map_sizes: MapSizes {
             kernel_stacks: kernel_stack_entries(options, off_cpu_on),
@@ -129,6 +135,7 @@ pub(super) fn configure<'a>(
         .override_global(globals::TASK_PID_OFFSET, &globals.pid_offset, true)
         .override_global(globals::OFF_CPU_SAMPLE_EVERY, &plan.sample_every, true)
         .override_global(globals::OFF_CPU_RECORD_BELOW, &plan.record_below, true)
+        .override_global(globals::OFF_CPU_BUDGET_NS, &plan.budget_ns, true)
         .override_global(globals::OFF_CPU_MIN_NS, &plan.off_cpu_min_ns, true)
         .override_global(globals::TASK_FSBASE_OFFSET, &globals.fsbase_offset, true)
         .override_global(globals::UNWIND_MODE, &globals.unwind_mode, true)
@@ -141,8 +148,9 @@ pub(super) fn configure<'a>(
     if !plan.off_cpu {
         loader.map_max_entries(maps::OFF_CPU_WAITS, 1);
     }
-    // The pending-waits slots serve only when some switches go unrecorded.
-    if !plan.off_cpu || plan.sample_every <= 1 {
+    // The pending-waits slots serve only when some switches may go
+    // unrecorded.
+    if !plan.off_cpu || (plan.sample_every <= 1 && plan.budget == 0) {
         loader.map_max_entries(maps::OFF_CPU_PENDING, 1);
     }
     configure_walk(loader, options, plan);
@@ -248,9 +256,38 @@ fn record_below(every: u64) -> u64 {
     }
 }
 
+/// The budget of `budget` recorded switches per CPU per second at one in
+/// `every`, as the program compares it: the least time (ns) its
+/// OFF_CPU_RATE_SWITCHES switches may take without going over, rounded up
+/// (0: no budget).
+fn budget_ns(budget: u64, every: u64) -> u64 {
+    if budget == 0 {
+        return 0;
+    }
+    // Both at most 10^6 (clap and the file's ranges): no overflow.
+    (globals::OFF_CPU_RATE_SWITCHES * 1_000_000_000).div_ceil(budget.saturating_mul(every.max(1)))
+}
+
 #[cfg(test)]
 mod tests {
-    use super::record_below;
+    use super::{budget_ns, record_below};
+
+    #[test]
+    fn the_budget_is_the_least_time_of_256_switches_recorded_within_it() {
+        assert_eq!(budget_ns(0, 1), 0, "no budget");
+        assert_eq!(
+            budget_ns(1000, 1),
+            256_000_000,
+            "256 switches in under 256 ms are over 1000 a second"
+        );
+        assert_eq!(
+            budget_ns(1000, 4),
+            64_000_000,
+            "one in 4 recorded: four times the rate"
+        );
+        assert_eq!(budget_ns(3, 1), 85_333_333_334, "rounded up");
+        assert_eq!(budget_ns(1_000_000, 1_000_000), 1, "the ceilings");
+    }
 
     #[test]
     fn the_draw_records_one_switch_in_every_with_odds_within_a_hundredth_of_a_percent() {
