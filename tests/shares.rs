@@ -170,6 +170,11 @@ fn a_users_off_cpu_storm_leaves_roots_history_at_the_retention() {
         // sparser waits (root's part) come four times fewer.
         "--off-cpu-sample-every",
         "4",
+        // No budget: the default (1000 recorded switches per CPU per
+        // second) would itself hold the storm to too few stacks to fill
+        // the store, which is what this test needs it to do.
+        "--off-cpu-budget",
+        "0",
         "--counts-map-entries",
         "65536",
         "--store-max-mb",

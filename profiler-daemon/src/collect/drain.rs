@@ -17,7 +17,7 @@ use profiler_common::{
 use super::{
     CollectError, batch,
     clock::monotonic_now_ns,
-    off_cpu::WaitTracker,
+    off_cpu::{ExactOffCpu, WaitTracker},
     raw::{BpfCounters, CpuCredits, RawBatch, RawSample},
     thread_cpu::{CpuLedger, read::ThreadClock},
 };
@@ -68,6 +68,8 @@ pub struct Drainer {
 struct Waits {
     map: HashMap<MapData, u32, Wait>,
     tracker: WaitTracker,
+    /// When waits are sampled: each sampled thread's total made exact.
+    exact: Option<ExactOffCpu>,
     read: Vec<Wait>,
     entries: Vec<(u32, Wait)>,
 }
@@ -109,11 +111,18 @@ impl Drainer {
         self.cpu = Some((CpuLedger::new(attached_ns), clock));
     }
 
-    /// Off-CPU is on: waits still going on are read at every drain.
-    pub(super) fn track_waits(&mut self, map: HashMap<MapData, u32, Wait>, min_ns: u64) {
+    /// Off-CPU is on: waits still going on are read at every drain, and
+    /// with `exact` (waits are sampled) sampled threads' totals made exact.
+    pub(super) fn track_waits(
+        &mut self,
+        map: HashMap<MapData, u32, Wait>,
+        min_ns: u64,
+        exact: Option<ExactOffCpu>,
+    ) {
         self.waits = Some(Waits {
             map,
             tracker: WaitTracker::new(min_ns),
+            exact,
             read: Vec::new(),
             entries: Vec::new(),
         });
@@ -198,6 +207,9 @@ impl Drainer {
             waits
                 .tracker
                 .drained(&mut batch, drained, flipped_ns, &waits.entries);
+            if let Some(exact) = &mut waits.exact {
+                batch.off_cpu_exact += exact.drained(&mut batch.samples, &waits.entries);
+            }
         }
         Ok(batch)
     }

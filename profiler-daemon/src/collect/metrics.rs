@@ -32,6 +32,8 @@ pub struct DrainStatus {
     /// Off-CPU waits still going on at a drain whose stacks were gone by
     /// then: counted without their stacks.
     pub wait_stacks_lost: u64,
+    /// Sampled threads' off-CPU made exact, summed over drains.
+    pub off_cpu_exact: super::OffCpuExact,
     /// What the CPU ledger credited, summed over drains.
     pub cpu_credits: super::CpuCredits,
     /// Entries found in the counts, user-stack and kernel-stack maps at the last drain.
@@ -186,6 +188,18 @@ fn encode_drains(out: &mut DescriptorEncoder, status: &DrainStatus, sizes: MapSi
         "off_cpu_wait_stacks_lost",
         "Off-CPU waits still going on at a drain whose stacks were gone: counted without their stacks",
         status.wait_stacks_lost,
+    )?;
+    counter(
+        out,
+        "off_cpu_threads_made_exact",
+        "Threads (at each drain) whose sampled off-CPU waits were scaled to the kernel's count of their time off CPU",
+        status.off_cpu_exact.threads,
+    )?;
+    counter(
+        out,
+        "off_cpu_exact_unread",
+        "Threads (at each drain) with sampled waits whose time off CPU could not be read (exited ones included): their waits keep their weights",
+        status.off_cpu_exact.unread,
     )?;
     encode_cpu_credits(out, &status.cpu_credits)
 }

@@ -34,7 +34,9 @@ pub use mapped_file::{
 pub use metrics::{DrainStatus, MapEntries};
 pub use proc_maps::{MapsLine, fuse_on_path, parse_maps_line};
 pub use process_snapshot::{MAX_FILES_PER_PROCESS, ProcessSnapshot, SnapshotMapping, SnapshotReader};
-pub use raw::{BpfCounters, CpuCredits, RawBatch, RawSample, UNSAMPLED_CPU, UNSAMPLED_CPU_STACK_ID};
+pub use raw::{
+    BpfCounters, CpuCredits, OffCpuExact, RawBatch, RawSample, UNSAMPLED_CPU, UNSAMPLED_CPU_STACK_ID,
+};
 pub use readable::{ReadableBy, readable_by, readable_by_status};
 pub use sampler::{
     DEFAULT_ALLOC_SAMPLE_BYTES, DEFAULT_OFF_CPU_BUDGET, MapSizes, OffCpuOptions, Sampler, SamplerOptions,

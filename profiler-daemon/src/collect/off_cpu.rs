@@ -25,6 +25,9 @@ use profiler_common::{SPILLED_STACK_ID_BASE, SampleKey, Wait};
 
 use super::raw::{RawBatch, RawSample};
 
+mod exact;
+pub(super) use exact::ExactOffCpu;
+
 /// Stack ids the tracker gives kept stacks in a batch; spilled ones count
 /// up from SPILLED_STACK_ID_BASE, far below this.
 const KEPT_STACK_ID_BASE: u32 = SPILLED_STACK_ID_BASE | (1 << 29);

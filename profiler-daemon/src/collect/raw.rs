@@ -85,6 +85,22 @@ impl BpfCounters {
     }
 }
 
+/// What making sampled threads' off-CPU time exact did at drains.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OffCpuExact {
+    /// Threads scaled to their exact time off CPU.
+    pub threads: u64,
+    /// Threads whose time off CPU could not be read.
+    pub unread: u64,
+}
+
+impl std::ops::AddAssign for OffCpuExact {
+    fn add_assign(&mut self, other: Self) {
+        self.threads += other.threads;
+        self.unread += other.unread;
+    }
+}
+
 /// What one drain read: raw addresses, not yet symbolized.
 #[derive(Debug, Default)]
 pub struct RawBatch {
@@ -99,6 +115,10 @@ pub struct RawBatch {
     pub spilled: usize,
     /// Off-CPU waits whose stacks were gone (counted, kept without them).
     pub wait_stacks_lost: u64,
+    /// Sampled threads whose off-CPU samples were scaled to their exact
+    /// time off CPU (`off_cpu::exact`), and those whose time could not be
+    /// read (exited ones included): they keep their weighted figures.
+    pub off_cpu_exact: OffCpuExact,
     /// What the CPU ledger did to this batch (`thread_cpu`).
     pub cpu_credits: CpuCredits,
 }

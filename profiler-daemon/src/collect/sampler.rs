@@ -29,6 +29,7 @@ pub use options::{
 
 use super::{
     CollectError, Drainer, KernelNamer,
+    off_cpu::ExactOffCpu,
     thread_cpu::read::{LedgerMaps, ThreadClock},
 };
 use crate::{
@@ -87,7 +88,12 @@ impl Sampler {
             }
         }
         if plan.off_cpu {
-            drainer.track_waits(convert(&mut ebpf, maps::OFF_CPU_WAITS)?, plan.off_cpu_min_ns);
+            let sampled = plan.sample_every > 1 || plan.budget != 0;
+            drainer.track_waits(
+                convert(&mut ebpf, maps::OFF_CPU_WAITS)?,
+                plan.off_cpu_min_ns,
+                sampled.then(|| ExactOffCpu::new(proc_root.clone())),
+            );
         }
         let unwind = if plan.tables {
             Some(take_unwind_maps(&mut ebpf, plan.python)?)

@@ -158,7 +158,7 @@ fn without_a_file_the_defaults_apply() {
         "listen = \"127.0.0.1:7040\"\nretention_seconds = 300\nstore_max_mb = 64\nstore_user_share_percent = 50\nfrequency = 99\n\
          drain_interval_ms = 1000\ncounts_map_entries = 16384\nuser_stack_map_entries = 16384\n\
          kernel_stack_map_entries = 8192\nmax_open_files = 1024\nsymbolizer_memory_mb = 1024\n\
-         symbolizer_deadline_ms = 5000\ndebug_file_lines = false\nunwind = \"auto\"\nunwind_table_memory_mb = 64\nunwind_table_user_share_percent = 50\noff_cpu = false\noff_cpu_sample_every = 1\noff_cpu_budget = 0\noff_cpu_min_us = 0\npython_frames = true\nproc_root = \"/proc\"\nalloc_sample_bytes = 524288\nalloc_max_processes = 4\nalloc_budget_percent = 10\nalloc_trace_comms = []\nalloc_trace_units = []\nalloc_trace_pids = []\nhttp_max_connections = 512\nhttp_header_timeout_ms = 5000\n\
+         symbolizer_deadline_ms = 5000\ndebug_file_lines = false\nunwind = \"auto\"\nunwind_table_memory_mb = 64\nunwind_table_user_share_percent = 50\noff_cpu = false\noff_cpu_sample_every = 1\noff_cpu_budget = 1000\noff_cpu_min_us = 0\npython_frames = true\nproc_root = \"/proc\"\nalloc_sample_bytes = 524288\nalloc_max_processes = 4\nalloc_budget_percent = 10\nalloc_trace_comms = []\nalloc_trace_units = []\nalloc_trace_pids = []\nhttp_max_connections = 512\nhttp_header_timeout_ms = 5000\n\
          http_idle_timeout_seconds = 60\nscrape_concurrency = 2\nscrape_queue = 16\nscrape_memory_mb = 32\nscrape_share_ms = 250\naccess_group = \"profilerd\"\naccess_token_file = \"\"\ninsecure = false\n\
          tls_cert_file = \"\"\ntls_key_file = \"\"\ntls_client_ca_file = \"\"\n\
          \n[push]\ninterval_seconds = 15\ntimeout_seconds = 10\nspool_kb = 65536\nspool_dir = \"\"\nlabels = {  }\n"

@@ -195,6 +195,7 @@ pub(super) fn symbolize_loop(
                     drain.last_drain = drain_time;
                     drain.map_read_errors += batch.read_errors;
                     drain.wait_stacks_lost += batch.wait_stacks_lost;
+                    drain.off_cpu_exact += batch.off_cpu_exact;
                     drain.cpu_credits += batch.cpu_credits;
                     drain.map_entries = map_entries;
                     drain.drain_seconds_total += drain_time.as_secs_f64();

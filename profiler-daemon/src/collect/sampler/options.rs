@@ -83,15 +83,12 @@ impl SamplerOptions {
     }
 }
 
-/// Recorded switches per CPU per second, at most, by default: none (every
-/// switch is recorded). A budget of 1000 holds a switch storm's cost to a
-/// recorded switch's stack walks (~3 us) a thousand times a second per CPU,
-/// 0.3% of it, and a quiet machine keeps every switch; but each recorded
-/// wait also carries what recording it cost the thread that ran meanwhile,
-/// times its weight (8% too much off-CPU time on a storm of 2 us waits), so
-/// it is not the default until per-thread totals come from the kernel's
-/// own accounting.
-pub const DEFAULT_OFF_CPU_BUDGET: u64 = 0;
+/// Recorded switches per CPU per second, at most, by default: a switch
+/// storm's cost is then a recorded switch's stack walks (~3 us) a thousand
+/// times a second per CPU, 0.3% of it, where a quiet machine (fewer
+/// switches) keeps every switch recorded. Per-thread totals stay exact
+/// either way: sampled threads' are the kernel's (`off_cpu::exact`).
+pub const DEFAULT_OFF_CPU_BUDGET: u64 = 1000;
 
 /// Off-CPU profiling: the sched_switch program, when enabled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -234,12 +234,8 @@ impl ThreadClock {
         Listing::Read(Some(ProcessReading { threads }))
     }
 
-    /// The first number of a held /proc file, read afresh.
     fn pread_number(&mut self, file: &File) -> Option<u64> {
-        use std::os::unix::fs::FileExt as _;
-        self.bytes.resize(256, 0);
-        let read = file.read_at(&mut self.bytes, 0).ok()?;
-        first_number(&self.bytes[..read])
+        pread_first_number(file, &mut self.bytes)
     }
 
     /// `stat`'s 22nd field: when the thread started, in clock ticks since boot.
@@ -263,6 +259,15 @@ impl ThreadClock {
         }
         comm
     }
+}
+
+/// The first number of a held /proc file (at most 256 bytes of it), read
+/// afresh: a seq_file read at offset 0 is generated anew.
+pub(in crate::collect) fn pread_first_number(file: &File, bytes: &mut Vec<u8>) -> Option<u64> {
+    use std::os::unix::fs::FileExt as _;
+    bytes.resize(256, 0);
+    let read = file.read_at(bytes, 0).ok()?;
+    first_number(&bytes[..read])
 }
 
 /// The first whitespace-separated field, as a number.
