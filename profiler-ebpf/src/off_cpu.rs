@@ -32,22 +32,20 @@
 use aya_ebpf::{
     Global,
     bindings::BPF_F_USER_STACK,
-    helpers::{
-        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_ktime_get_ns,
-        bpf_probe_read_kernel,
-    },
+    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel},
     macros::{map, raw_tracepoint},
-    maps::{Array, LruHashMap, PerCpuArray, StackTrace},
+    maps::{Array, LruHashMap, StackTrace},
     programs::{RawTracePointContext, tracing::StackIdContext},
 };
-use profiler_common::{
-    COMM_LEN, Counter, Wait, globals::OFF_CPU_RATE_SWITCHES, maps::*, sample_kind, unwind_mode,
-};
+use profiler_common::{COMM_LEN, Counter, Wait, maps::*, sample_kind, unwind_mode};
 
 use crate::{
     BUFFER_0, BUFFER_1, Buffer, UNWIND_MODE, atomic_add, bump, count, current_cgroup, generation,
     process_instance, unwind, unwound_stack_id,
 };
+
+mod draw;
+use draw::{OFF_CPU_BUDGET_NS, drawn};
 
 const EFAULT: i32 = 14;
 /// Kernel frames to skip: none. The frames of this program, the
@@ -74,43 +72,10 @@ static OFF_CPU_WAITS: LruHashMap<u32, Wait> = LruHashMap::with_max_entries(DEFAU
 #[map]
 static OFF_CPU_PENDING: Array<u64> = Array::with_max_entries(1 << OFF_CPU_PENDING_BITS, 0);
 
-/// Each CPU's draw: its generator and the rate its switches come at.
-#[map]
-static OFF_CPU_DRAW: PerCpuArray<CpuDraw> = PerCpuArray::with_max_entries(1, 0);
-
-/// Halvings stop before a weight above this, 2^20 (`every` is at most 10^6,
-/// below it): a wait of up to 2^44 ns, 4.9 hours, times its weight still
-/// fits the counts' u64.
-const MAX_WEIGHT: u64 = 1 << 20;
-
-#[derive(Clone, Copy)]
-#[repr(C)]
-struct CpuDraw {
-    /// xorshift64 state for [`draw`] (0: not seeded yet).
-    rng: u64,
-    /// Switches seen on this CPU (with a budget only).
-    switches: u64,
-    /// When the last RATE_SWITCHES of them were counted.
-    measured_ns: u64,
-    /// The odds of one in `every` are halved this many times: the budget
-    /// over the rate of the last RATE_SWITCHES switches.
-    halvings: u64,
-}
-
 #[unsafe(no_mangle)]
 static TASK_PID_OFFSET: Global<u64> = Global::new(0);
 #[unsafe(no_mangle)]
 static OFF_CPU_SAMPLE_EVERY: Global<u64> = Global::new(1);
-/// A switch is recorded when a random u32 is below this: 2^32 / N, so one
-/// in N (2^32: every switch). A compare, where `% N` is a 64-bit division.
-#[unsafe(no_mangle)]
-static OFF_CPU_RECORD_BELOW: Global<u64> = Global::new(1 << 32);
-/// The budget (recorded switches per CPU per second, at most: the odds
-/// halve, so between half that and that) as the least time
-/// OFF_CPU_RATE_SWITCHES switches may take at the odds of one in N
-/// (`globals::OFF_CPU_BUDGET_NS`); 0: no budget.
-#[unsafe(no_mangle)]
-static OFF_CPU_BUDGET_NS: Global<u64> = Global::new(0);
 #[unsafe(no_mangle)]
 static OFF_CPU_MIN_NS: Global<u64> = Global::new(0);
 
@@ -126,79 +91,6 @@ pub fn on_switch(ctx: RawTracePointContext) -> i32 {
     let now = switched_out(&ctx, every, budget_ns, sampled);
     switched_in(&ctx, sampled, now);
     0
-}
-
-/// Whether this switch is recorded, and what its wait then weighs: one in
-/// `every`, halved as many times as this CPU's switch rate needs to stay
-/// within the budget (`budget_ns`, OFF_CPU_BUDGET_NS).
-#[inline(always)]
-fn drawn(every: u64, budget_ns: u64) -> Option<u64> {
-    let state = OFF_CPU_DRAW.get_ptr_mut(0)?;
-    // SAFETY: this CPU's slot; the program runs with interrupts off inside
-    // the scheduler, so nothing else on this CPU uses it meanwhile.
-    let state = unsafe { &mut *state };
-    if budget_ns != 0 {
-        state.switches += 1;
-        if state.switches & (OFF_CPU_RATE_SWITCHES - 1) == 0 {
-            retune(state, every, budget_ns);
-        }
-    }
-    let halvings = state.halvings;
-    let below = OFF_CPU_RECORD_BELOW.load() >> halvings;
-    if below < 1 << 32 && u64::from(draw(state)) >= below {
-        return None;
-    }
-    Some(every << halvings)
-}
-
-/// The halvings for the rate of this CPU's last OFF_CPU_RATE_SWITCHES
-/// switches: the fewest that keep them within the budget, i.e. make them
-/// last at least `budget_ns` once divided by 2^halvings. Unbiased whatever
-/// they are: a wait weighs one over the odds it was drawn with, which
-/// depend on the switches before it, not on it.
-#[inline(always)]
-fn retune(state: &mut CpuDraw, every: u64, budget_ns: u64) {
-    // SAFETY: a helper without arguments.
-    let now = unsafe { bpf_ktime_get_ns() };
-    let mut elapsed = now.saturating_sub(state.measured_ns);
-    state.measured_ns = now;
-    let mut halvings = 0;
-    let mut weight = every;
-    // At most log2(MAX_WEIGHT) rounds.
-    for _ in 0..20 {
-        if elapsed >= budget_ns || weight > MAX_WEIGHT / 2 {
-            break;
-        }
-        // No overflow: `elapsed` < `budget_ns` (at most 2.56e11, under
-        // 2^38) before it doubles.
-        elapsed <<= 1;
-        weight <<= 1;
-        halvings += 1;
-    }
-    state.halvings = halvings;
-}
-
-/// A uniform random u32 from this CPU's xorshift64 generator (Marsaglia's
-/// 13, 7, 17 triple: period 2^64 - 1 over the nonzero states; a draw keeps
-/// the high half). `bpf_get_prandom_u32` does the same job, but its call
-/// alone cost 22 ns a switch here (`bpf_stats`, a program of just that
-/// call against an empty one), two thirds of an unrecorded switch; the
-/// per-CPU array's lookup is inlined by the verifier. Whether a switch is
-/// recorded stays independent of what the thread does: nothing the
-/// workload sees or sets feeds the state, only how many switches drew.
-#[inline(always)]
-fn draw(state: &mut CpuDraw) -> u32 {
-    let mut x = state.rng;
-    if x == 0 {
-        // Seeded once per CPU from the kernel's generator; never 0 again.
-        // SAFETY: helpers without arguments.
-        x = unsafe { (u64::from(bpf_get_prandom_u32()) << 32) | u64::from(bpf_get_prandom_u32()) | 1 };
-    }
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    state.rng = x;
-    (x >> 32) as u32
 }
 
 /// The pending-waits slot of a task (its `task_struct` address, which the
