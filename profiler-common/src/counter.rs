@@ -57,7 +57,8 @@ pub enum Counter {
     UnwoundStackMapFull,
     // Off-CPU (the sched_switch program), when enabled.
     /// Switches recorded: a thread (not an idle task) left a CPU and its
-    /// wait was taken, every time or one time in N (`--off-cpu-sample-every`).
+    /// wait was taken: every time, or at the odds of one in N
+    /// (`--off-cpu-sample-every`) halved under the budget (`--off-cpu-budget`).
     /// Unrecorded switches are not counted (a counter on the path every
     /// switch takes); the kernel counts all of them (`ctxt` in /proc/stat).
     OffCpuRecordedSwitches,

@@ -92,7 +92,8 @@ pub mod globals {
     /// Byte offset of `task_struct.pid` (the thread id): the switch program
     /// reads the next task's.
     pub const TASK_PID_OFFSET: &str = "TASK_PID_OFFSET";
-    /// Off-CPU sampling: one switch in N is recorded and weighs N (>= 1).
+    /// Off-CPU sampling: one switch in N is recorded (>= 1), before the
+    /// budget's halvings; a recorded wait weighs N times 2^halvings.
     pub const OFF_CPU_SAMPLE_EVERY: &str = "OFF_CPU_SAMPLE_EVERY";
     /// Off-CPU sampling: a switch is recorded when a random u32 is below
     /// this (2^32: every switch); see `off_cpu_record_below`.

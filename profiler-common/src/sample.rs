@@ -85,8 +85,10 @@ pub mod sample_kind {
     /// since its previous sample, summed.
     pub const CPU: u16 = 0;
     /// Off-CPU waits of a thread that blocked (slept, waited for I/O or a
-    /// lock): `count` waits, `ns` their length, both weighted by the
-    /// off-CPU sampling rate.
+    /// lock): `count` waits, `ns` their length, both weighted by one over
+    /// the odds each wait was recorded with (`Wait::weight`); the daemon
+    /// may then scale a thread's `ns` to the kernel's count of its time off
+    /// CPU (profiler-daemon's collect/off_cpu/exact.rs).
     pub const OFF_CPU_BLOCKED: u16 = 1;
     /// Off-CPU waits of a thread that was preempted and waited, runnable,
     /// for a CPU (the run queue).

@@ -13,7 +13,8 @@
 //! or a quarter, and so on ([`drawn`]). A quiet machine records every
 //! switch, exact per thread; a switch storm pays a recorded switch's stack
 //! walks (~3 us) only as often as the budget allows. Every recorded wait
-//! weighs one over its odds, so totals stay unbiased.
+//! weighs one over its odds, so totals stay unbiased (and the daemon makes
+//! the totals of threads with many waits exact from schedstat).
 //!
 //! A wait still going on at a drain is credited by the daemon up to the
 //! drain (it reads OFF_CPU_WAITS), and the rest when it ends; so a thread
@@ -291,15 +292,22 @@ fn switched_in(ctx: &RawTracePointContext, sampled: bool, now: Option<u64>) {
     }
     let weight = wait.weight.max(1);
     let key = wait.key(tid);
-    // No overflow: waits are far below 2^44 ns and a weight at most
-    // MAX_WEIGHT, 2^20 (a checked multiply would need a 128-bit helper BPF
-    // does not have).
     let counts = if generation() & 1 == 1 {
         BUFFER_1.counts
     } else {
         BUFFER_0.counts
     };
-    count(ctx, counts, &key, weight, waited.wrapping_mul(weight) + recorded);
+    // No overflow: a wait clamped to 2^44 ns (4.9 hours; the daemon has
+    // credited a longer one at its drains already) times a weight of at most
+    // 2^20 (`draw::MAX_WEIGHT`, or N <= 10^6). A checked multiply would need
+    // a 128-bit helper BPF does not have.
+    count(
+        ctx,
+        counts,
+        &key,
+        weight,
+        waited.min(1 << 44).wrapping_mul(weight) + recorded,
+    );
     bump(Counter::OffCpuWaits);
 }
 

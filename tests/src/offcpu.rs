@@ -23,7 +23,18 @@ const WORKLOAD_SECONDS: &str = "300";
 /// run near either end of a window lands in it to a sample period's worth.
 /// Drains every 100 ms: a window ends at a drain.
 pub fn start_daemon() -> Daemon {
-    Daemon::start(&["--off-cpu", "--frequency", "999", "--drain-interval-ms", "100"])
+    // Every switch recorded (no budget): these tests hold the waits to
+    // what each thread did, wait by wait (tests/offcpu_sampled.rs covers
+    // the budget).
+    Daemon::start(&[
+        "--off-cpu",
+        "--off-cpu-budget",
+        "0",
+        "--frequency",
+        "999",
+        "--drain-interval-ms",
+        "100",
+    ])
 }
 
 /// The workload and the file it writes its measurements to.

@@ -208,7 +208,7 @@ impl Drainer {
                 .tracker
                 .drained(&mut batch, drained, flipped_ns, &waits.entries);
             if let Some(exact) = &mut waits.exact {
-                batch.off_cpu_exact += exact.drained(&mut batch.samples, &waits.entries);
+                batch.off_cpu_exact += exact.drained(&mut batch.samples, &waits.entries, drained);
             }
         }
         Ok(batch)

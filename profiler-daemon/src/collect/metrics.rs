@@ -140,7 +140,7 @@ fn encode_sampler(out: &mut DescriptorEncoder, bpf: &BpfCounters) -> fmt::Result
     labelled_counters(
         out,
         "sampler_events",
-        "Normal sampler events (no data lost): unwinding outcomes, and with --off-cpu the context switches recorded (off_cpu_recorded_switches: all, or one in N with --off-cpu-sample-every), dropped as shorter than the minimum (off_cpu_short) and recorded (off_cpu_waits)",
+        "Normal sampler events (no data lost): unwinding outcomes, and with --off-cpu the context switches recorded (off_cpu_recorded_switches: all, or sampled under --off-cpu-sample-every and --off-cpu-budget), dropped as shorter than the minimum (off_cpu_short) and recorded (off_cpu_waits)",
         "event",
         &events,
     )
@@ -192,7 +192,7 @@ fn encode_drains(out: &mut DescriptorEncoder, status: &DrainStatus, sizes: MapSi
     counter(
         out,
         "off_cpu_threads_made_exact",
-        "Threads (at each drain) whose sampled off-CPU waits were scaled to the kernel's count of their time off CPU",
+        "Threads (at each drain) whose sampled off-CPU waits, many enough, were scaled to the kernel's count of their time off CPU",
         status.off_cpu_exact.threads,
     )?;
     counter(
@@ -200,6 +200,12 @@ fn encode_drains(out: &mut DescriptorEncoder, status: &DrainStatus, sizes: MapSi
         "off_cpu_exact_unread",
         "Threads (at each drain) with sampled waits whose time off CPU could not be read (exited ones included): their waits keep their weights",
         status.off_cpu_exact.unread,
+    )?;
+    counter(
+        out,
+        "off_cpu_exact_capped",
+        "Threads (at each drain) with sampled waits left weighted: more than a drain reads (256)",
+        status.off_cpu_exact.capped,
     )?;
     encode_cpu_credits(out, &status.cpu_credits)
 }

@@ -92,12 +92,15 @@ pub struct OffCpuExact {
     pub threads: u64,
     /// Threads whose time off CPU could not be read.
     pub unread: u64,
+    /// Threads left weighted: more than a drain reads.
+    pub capped: u64,
 }
 
 impl std::ops::AddAssign for OffCpuExact {
     fn add_assign(&mut self, other: Self) {
         self.threads += other.threads;
         self.unread += other.unread;
+        self.capped += other.capped;
     }
 }
 
@@ -116,8 +119,9 @@ pub struct RawBatch {
     /// Off-CPU waits whose stacks were gone (counted, kept without them).
     pub wait_stacks_lost: u64,
     /// Sampled threads whose off-CPU samples were scaled to their exact
-    /// time off CPU (`off_cpu::exact`), and those whose time could not be
-    /// read (exited ones included): they keep their weighted figures.
+    /// time off CPU (`off_cpu::exact`), those whose time could not be read
+    /// (exited ones included) and those over the cap: the last two keep
+    /// their weighted figures.
     pub off_cpu_exact: OffCpuExact,
     /// What the CPU ledger did to this batch (`thread_cpu`).
     pub cpu_credits: CpuCredits,

@@ -88,7 +88,9 @@ impl Sampler {
             }
         }
         if plan.off_cpu {
-            let sampled = plan.sample_every > 1 || plan.budget != 0;
+            // Not with a minimum: the kernel's figure holds the short waits
+            // the sampler dropped.
+            let sampled = (plan.sample_every > 1 || plan.budget != 0) && plan.off_cpu_min_ns == 0;
             drainer.track_waits(
                 convert(&mut ebpf, maps::OFF_CPU_WAITS)?,
                 plan.off_cpu_min_ns,

@@ -1,25 +1,35 @@
-//! Each sampled thread's off-CPU time made exact from the kernel's own
-//! accounting.
+//! A sampled thread's off-CPU time made exact from the kernel's own
+//! accounting, where its waits were many enough.
 //!
 //! A recorded wait weighs one over the odds it was recorded with (one in
-//! `--off-cpu-sample-every`, halved under `--off-cpu-budget`). Summed, the
-//! weights are right on average, not for one thread: a thread blocked in a
-//! single wait shows 0 or the weight times its length, and on a storm of
-//! microsecond waits a recorded wait also carries what recording it cost the
-//! thread that ran meanwhile (cooled caches), times its weight.
+//! `--off-cpu-sample-every`, halved under `--off-cpu-budget`): right on
+//! average, over threads and over time. One thread's figure in one drain is
+//! noisy, and on a storm of microsecond waits a recorded wait also carries
+//! what recording it cost the thread that ran meanwhile (cooled caches),
+//! times its weight: 5-8% too much on the pinned ping-pong at weights 2^7 to
+//! 2^9.
 //!
-//! So at every drain, for each thread whose current wait weighs more than 1
-//! (and once more after it no longer does), this reads the kernel's count of its CPU time (`task/TID/schedstat`, held
-//! open) with the clock. Between two consecutive drains its time off CPU is
-//! the time between the reads less the CPU time between them, and its
-//! off-CPU samples in the batch are scaled to add up to that. Where it
-//! waited (the split between its stacks, blocked and runnable) stays what
-//! the sampled waits say; how long it waited in all is the kernel's.
+//! So at every drain, for each thread with off-CPU samples in the batch
+//! whose wait (the waits map's entry) weighs more than 1, this reads its
+//! `task/TID/schedstat` (held open: one pread) with the clock. Between
+//! readings at consecutive drains, the thread was off CPU for the time
+//! between them less its CPU time, and ran `runs` times (the third field:
+//! each run ended a wait). When it waited at least MIN_EXPECTED_RECORDED
+//! times its weight (so that at least one of its waits was recorded, but
+//! for odds under 1%), its off-CPU samples in the batch are scaled to add up
+//! to that time: where it waited (the split between its stacks, blocked and
+//! runnable) stays what the sampled waits say, how long in all is the
+//! kernel's. With fewer waits, its weighted figure stays: scaling a thread
+//! only when one of its few waits happened to be recorded would drop the
+//! weight that stands for the threads whose waits were not (a thousand
+//! workers each blocked once, one recorded, would show one wait, not a
+//! thousand).
 //!
 //! A thread read for the first time, or not at the previous drain, keeps
-//! its weighted figure this time; so does one that exited (its /proc entry
-//! is gone). What other users control here is their thread ids (bounded:
-//! MAX_THREADS read a drain); the files are the kernel's.
+//! its weighted figure this time; so does one that exited. What other users
+//! control here is their thread ids and counts (bounded: MAX_THREADS read a
+//! drain, those already followed first; the rest counted); the files are the
+//! kernel's.
 
 use std::{
     collections::{HashMap, hash_map::Entry},
@@ -31,127 +41,181 @@ use profiler_common::{Wait, sample_kind};
 use super::super::{
     clock::monotonic_now_ns,
     raw::{OffCpuExact, RawSample},
-    thread_cpu::read::pread_first_number,
+    thread_cpu::read::pread_numbers,
 };
 use crate::procfs::ProcRoot;
 
 /// Threads read at one drain, at most: each costs a pread (~2 us) and holds
 /// a descriptor.
-const MAX_THREADS: usize = 1024;
+const MAX_THREADS: usize = 256;
+/// A thread is scaled when its waits in the drain number at least this many
+/// times its weight: none of them recorded then has odds below e^-5, 0.7%.
+const MIN_EXPECTED_RECORDED: u64 = 5;
 
-/// A thread's CPU time (ns) as read at a drain, and when (CLOCK_MONOTONIC).
+/// A thread's schedstat as read at a drain, and when (CLOCK_MONOTONIC).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Reading {
-    pub drain: u64,
+    /// The drained generation (consecutive drains: consecutive numbers,
+    /// even if one failed after its flip).
+    pub generation: u32,
     pub at_ns: u64,
     pub runtime_ns: u64,
+    /// Times it was switched in so far.
+    pub runs: u64,
 }
 
 struct Followed {
     file: File,
-    last: Option<Reading>,
+    last: Reading,
+}
+
+/// A thread with off-CPU samples in a batch: their sum, its process, and
+/// the weight of its wait.
+#[derive(Clone, Copy, Debug, Default)]
+struct Candidate {
+    tgid: u32,
+    weighted_ns: u64,
+    weight: u64,
 }
 
 pub(in crate::collect) struct ExactOffCpu {
     proc: ProcRoot,
-    drains: u64,
     threads: HashMap<u32, Followed>,
     bytes: Vec<u8>,
-    /// tid -> its exact off-CPU ns since the previous drain (reused).
+    /// Reused at every drain.
+    candidates: HashMap<u32, Candidate>,
+    picked: Vec<u32>,
     exact: HashMap<u32, u64>,
-    /// The (tid, tgid) read at a drain (reused).
-    picked: Vec<(u32, u32)>,
 }
 
 impl ExactOffCpu {
     pub(in crate::collect) fn new(proc: ProcRoot) -> Self {
         Self {
             proc,
-            drains: 0,
             threads: HashMap::new(),
             bytes: Vec::new(),
-            exact: HashMap::new(),
+            candidates: HashMap::new(),
             picked: Vec::new(),
+            exact: HashMap::new(),
         }
     }
 
-    /// Scales the off-CPU samples in `samples` of each thread whose current
-    /// wait (`waits`, the waits map as read at this drain) weighs more than
-    /// 1: the threads scaled, and those whose reading failed (gone ones
-    /// included).
+    /// Scales the off-CPU samples in `samples` (the batch of `generation`)
+    /// of each thread whose waits were many enough, as above; `waits` is the
+    /// waits map as read at this drain.
     pub(in crate::collect) fn drained(
         &mut self,
         samples: &mut [RawSample],
         waits: &[(u32, Wait)],
+        generation: u32,
     ) -> OffCpuExact {
-        self.drains += 1;
-        self.exact.clear();
-        let mut failed = 0;
-        // A thread read at the previous drain is read once more even if its
-        // current wait weighs 1: the batch may still hold the end of its
-        // last weighted one.
-        let threads = &self.threads;
+        self.drained_by(samples, waits, generation, monotonic_now_ns)
+    }
+
+    /// [`Self::drained`] with the clock given (CLOCK_MONOTONIC ns).
+    fn drained_by(
+        &mut self,
+        samples: &mut [RawSample],
+        waits: &[(u32, Wait)],
+        generation: u32,
+        mut clock: impl FnMut() -> u64,
+    ) -> OffCpuExact {
+        let mut outcome = OffCpuExact::default();
+        self.candidates.clear();
+        for sample in samples.iter().filter(|sample| is_off_cpu(sample)) {
+            let candidate = self.candidates.entry(sample.key.tid).or_default();
+            candidate.tgid = sample.key.tgid;
+            candidate.weighted_ns += sample.amount;
+        }
+        for (tid, wait) in waits {
+            if let Some(candidate) = self.candidates.get_mut(tid) {
+                candidate.weight = wait.weight;
+            }
+        }
+        self.candidates.retain(|_, candidate| candidate.weight > 1);
+        // Those followed first: their readings are the ones that can give a
+        // figure now.
         self.picked.clear();
         self.picked.extend(
-            waits
-                .iter()
-                .filter(|(tid, wait)| wait.weight > 1 || threads.contains_key(tid))
-                .take(MAX_THREADS)
-                .map(|&(tid, wait)| (tid, wait.tgid)),
+            self.candidates
+                .keys()
+                .filter(|tid| self.threads.contains_key(tid)),
         );
-        for &(tid, tgid) in &self.picked {
-            let followed = match self.threads.entry(tid) {
-                Entry::Occupied(entry) => entry.into_mut(),
-                Entry::Vacant(entry) => {
-                    let path = self
-                        .proc
-                        .process(tgid)
-                        .join("task")
-                        .join(tid.to_string())
-                        .join("schedstat");
-                    match File::open(path) {
-                        Ok(file) => entry.insert(Followed { file, last: None }),
-                        Err(_) => {
-                            failed += 1;
-                            continue;
-                        }
-                    }
-                }
-            };
-            let at_ns = monotonic_now_ns();
-            let Some(runtime_ns) = pread_first_number(&followed.file, &mut self.bytes) else {
+        self.picked.extend(
+            self.candidates
+                .keys()
+                .filter(|tid| !self.threads.contains_key(tid)),
+        );
+        outcome.capped = self.picked.len().saturating_sub(MAX_THREADS) as u64;
+        self.picked.truncate(MAX_THREADS);
+        self.exact.clear();
+        for &tid in &self.picked {
+            let candidate = self.candidates[&tid];
+            if let Entry::Vacant(entry) = self.threads.entry(tid) {
+                let path = self
+                    .proc
+                    .process(candidate.tgid)
+                    .join("task")
+                    .join(tid.to_string())
+                    .join("schedstat");
+                let Ok(file) = File::open(path) else {
+                    outcome.unread += 1;
+                    continue;
+                };
+                let last = Reading {
+                    // Never consecutive with this drain's.
+                    generation: generation.wrapping_sub(2),
+                    at_ns: 0,
+                    runtime_ns: 0,
+                    runs: 0,
+                };
+                entry.insert(Followed { file, last });
+            }
+            let followed = self.threads.get_mut(&tid).expect("followed, or opened above");
+            let at_ns = clock();
+            let Some([runtime_ns, _run_delay, runs]) = pread_numbers::<3>(&followed.file, &mut self.bytes)
+            else {
                 // Exited: the descriptor names the thread, not its tid.
                 self.threads.remove(&tid);
-                failed += 1;
+                outcome.unread += 1;
                 continue;
             };
             let reading = Reading {
-                drain: self.drains,
+                generation,
                 at_ns,
                 runtime_ns,
+                runs,
             };
-            if let Some(off) = followed.last.and_then(|last| off_cpu_between(last, reading)) {
+            if let Some(off) = off_cpu_between(followed.last, reading, candidate.weight) {
                 self.exact.insert(tid, off);
             }
-            followed.last = Some(reading);
+            followed.last = reading;
         }
         // Threads not read now: their descriptors close.
-        let drains = self.drains;
         self.threads
-            .retain(|_, followed| followed.last.is_some_and(|last| last.drain == drains));
+            .retain(|_, followed| followed.last.generation == generation);
         scale(samples, &self.exact);
-        OffCpuExact {
-            threads: self.exact.len() as u64,
-            unread: failed,
-        }
+        outcome.threads = self.exact.len() as u64;
+        outcome
     }
 }
 
-/// A thread's time off CPU between two readings of consecutive drains; None
-/// when they are not (its wait weighed 1 at a drain between, or it was
-/// not read).
-pub(super) fn off_cpu_between(before: Reading, after: Reading) -> Option<u64> {
-    if after.drain != before.drain + 1 {
+fn is_off_cpu(sample: &RawSample) -> bool {
+    matches!(
+        sample.key.kind,
+        sample_kind::OFF_CPU_BLOCKED | sample_kind::OFF_CPU_RUNNABLE
+    )
+}
+
+/// A thread's time off CPU between readings of consecutive drains, if its
+/// waits between them (one per run, and the one it may still be in) were at
+/// least MIN_EXPECTED_RECORDED times `weight`; None otherwise.
+pub(super) fn off_cpu_between(before: Reading, after: Reading, weight: u64) -> Option<u64> {
+    if after.generation != before.generation.wrapping_add(1) {
+        return None;
+    }
+    let waits = after.runs.saturating_sub(before.runs) + 1;
+    if waits < MIN_EXPECTED_RECORDED.saturating_mul(weight) {
         return None;
     }
     let elapsed = after.at_ns.saturating_sub(before.at_ns);
@@ -167,7 +231,6 @@ pub(super) fn scale(samples: &mut [RawSample], exact: &HashMap<u32, u64>) {
     if exact.is_empty() {
         return;
     }
-    let is_off_cpu = |sample: &RawSample| sample.key.kind != sample_kind::CPU;
     let mut weighted: HashMap<u32, u64> = HashMap::with_capacity(exact.len());
     for sample in samples.iter().filter(|sample| is_off_cpu(sample)) {
         if exact.contains_key(&sample.key.tid) {
@@ -187,69 +250,4 @@ pub(super) fn scale(samples: &mut [RawSample], exact: &HashMap<u32, u64>) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn sample(tid: u32, kind: u16, amount: u64) -> RawSample {
-        RawSample {
-            key: Wait {
-                kind,
-                ..Wait::default()
-            }
-            .key(tid),
-            count: 1,
-            amount,
-        }
-    }
-
-    #[test]
-    fn a_thread_s_off_cpu_samples_add_up_to_its_exact_time_in_their_proportions() {
-        let blocked = sample_kind::OFF_CPU_BLOCKED;
-        let runnable = sample_kind::OFF_CPU_RUNNABLE;
-        let mut samples = vec![
-            // tid 1: weighted 128 times one wait of 1 s, really 1 s.
-            sample(1, blocked, 128_000_000_000),
-            // tid 2: 3:1 between two stacks, 8% too much in all.
-            sample(2, blocked, 810_000_000),
-            sample(2, runnable, 270_000_000),
-            sample(2, sample_kind::CPU, 500_000_000),
-            // tid 3: no exact figure.
-            sample(3, blocked, 42),
-            // tid 4: an exact figure but no time in its samples.
-            sample(4, blocked, 0),
-        ];
-        let exact = HashMap::from([(1, 1_000_000_000), (2, 1_000_000_000), (4, 5), (9, 7)]);
-        scale(&mut samples, &exact);
-        let amounts: Vec<u64> = samples.iter().map(|sample| sample.amount).collect();
-        assert_eq!(
-            amounts,
-            [1_000_000_000, 750_000_000, 250_000_000, 500_000_000, 42, 0],
-            "each thread's off-CPU samples scaled to its exact time, 3:1 kept; CPU samples, threads \
-             without a figure and samples of nothing untouched"
-        );
-        assert!(samples.iter().all(|sample| sample.count == 1), "counts untouched");
-    }
-
-    #[test]
-    fn off_cpu_time_between_readings_is_the_time_between_them_less_the_cpu_time() {
-        let reading = |drain, at_ns, runtime_ns| Reading {
-            drain,
-            at_ns,
-            runtime_ns,
-        };
-        assert_eq!(
-            off_cpu_between(reading(4, 1_000, 300), reading(5, 101_000, 40_300)),
-            Some(60_000)
-        );
-        assert_eq!(
-            off_cpu_between(reading(3, 1_000, 300), reading(5, 101_000, 40_300)),
-            None,
-            "not consecutive drains"
-        );
-        assert_eq!(
-            off_cpu_between(reading(4, 1_000, 300), reading(5, 2_000, 9_000)),
-            Some(0),
-            "more CPU than time (the two reads are not one instant): none off CPU"
-        );
-    }
-}
+mod tests;

@@ -86,8 +86,9 @@ impl SamplerOptions {
 /// Recorded switches per CPU per second, at most, by default: a switch
 /// storm's cost is then a recorded switch's stack walks (~3 us) a thousand
 /// times a second per CPU, 0.3% of it, where a quiet machine (fewer
-/// switches) keeps every switch recorded. Per-thread totals stay exact
-/// either way: sampled threads' are the kernel's (`off_cpu::exact`).
+/// switches) keeps every switch recorded, exact per thread. A sampled
+/// thread's total is unbiased, and the kernel's own when its waits were
+/// many (`off_cpu::exact`).
 pub const DEFAULT_OFF_CPU_BUDGET: u64 = 1000;
 
 /// Off-CPU profiling: the sched_switch program, when enabled.

@@ -263,17 +263,35 @@ impl ThreadClock {
 
 /// The first number of a held /proc file (at most 256 bytes of it), read
 /// afresh: a seq_file read at offset 0 is generated anew.
-pub(in crate::collect) fn pread_first_number(file: &File, bytes: &mut Vec<u8>) -> Option<u64> {
+fn pread_first_number(file: &File, bytes: &mut Vec<u8>) -> Option<u64> {
+    pread_numbers(file, bytes).map(|[number]| number)
+}
+
+/// The first N numbers of a held /proc file (at most 256 bytes of it),
+/// read afresh.
+pub(in crate::collect) fn pread_numbers<const N: usize>(
+    file: &File,
+    bytes: &mut Vec<u8>,
+) -> Option<[u64; N]> {
     use std::os::unix::fs::FileExt as _;
     bytes.resize(256, 0);
     let read = file.read_at(bytes, 0).ok()?;
-    first_number(&bytes[..read])
+    numbers(&bytes[..read])
 }
 
 /// The first whitespace-separated field, as a number.
 fn first_number(bytes: &[u8]) -> Option<u64> {
-    let text = std::str::from_utf8(bytes).ok()?;
-    text.split_whitespace().next()?.parse().ok()
+    numbers(bytes).map(|[number]| number)
+}
+
+/// The first N whitespace-separated fields, as numbers.
+fn numbers<const N: usize>(bytes: &[u8]) -> Option<[u64; N]> {
+    let mut fields = std::str::from_utf8(bytes).ok()?.split_whitespace();
+    let mut numbers = [0; N];
+    for number in &mut numbers {
+        *number = fields.next()?.parse().ok()?;
+    }
+    Some(numbers)
 }
 
 /// Reads a small /proc file (these are at most a page) into `bytes`.
