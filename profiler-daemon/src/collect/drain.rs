@@ -17,7 +17,7 @@ use profiler_common::{
 use super::{
     CollectError, batch,
     clock::monotonic_now_ns,
-    off_cpu::{ExactOffCpu, WaitTracker},
+    off_cpu::{ExactOffCpu, WaitsDrain},
     raw::{BpfCounters, CpuCredits, RawBatch, RawSample},
     thread_cpu::{CpuLedger, read::ThreadClock},
 };
@@ -59,19 +59,8 @@ pub struct Drainer {
     unwound: Vec<UnwoundStack>,
     tail_keys: Vec<u32>,
     tails: Vec<UnwoundStack>,
-    wait_tids: Vec<u32>,
-    waits: Option<Waits>,
+    waits: Option<WaitsDrain>,
     cpu: Option<(CpuLedger, ThreadClock)>,
-}
-
-/// Off-CPU: the waits map, its tracker, and the entries read at a drain.
-struct Waits {
-    map: HashMap<MapData, u32, Wait>,
-    tracker: WaitTracker,
-    /// When waits are sampled: each sampled thread's total made exact.
-    exact: Option<ExactOffCpu>,
-    read: Vec<Wait>,
-    entries: Vec<(u32, Wait)>,
 }
 
 impl Drainer {
@@ -98,7 +87,6 @@ impl Drainer {
             unwound: Vec::new(),
             tail_keys: Vec::new(),
             tails: Vec::new(),
-            wait_tids: Vec::new(),
             waits: None,
             cpu: None,
         }
@@ -119,13 +107,7 @@ impl Drainer {
         min_ns: u64,
         exact: Option<ExactOffCpu>,
     ) {
-        self.waits = Some(Waits {
-            map,
-            tracker: WaitTracker::new(min_ns),
-            exact,
-            read: Vec::new(),
-            entries: Vec::new(),
-        });
+        self.waits = Some(WaitsDrain::new(map, min_ns, exact));
     }
 
     /// Flips the buffers and returns everything the old one held.
@@ -196,20 +178,7 @@ impl Drainer {
             batch.cpu_credits = credits;
         }
         if let Some(waits) = &mut self.waits {
-            if let Err(err) = batch::read_all(waits.map.map(), false, &mut self.wait_tids, &mut waits.read) {
-                batch.read_errors += 1;
-                tracing::debug!("reading {}: {err}", maps::OFF_CPU_WAITS);
-            }
-            waits.entries.clear();
-            waits
-                .entries
-                .extend(self.wait_tids.iter().copied().zip(waits.read.iter().copied()));
-            waits
-                .tracker
-                .drained(&mut batch, drained, flipped_ns, &waits.entries);
-            if let Some(exact) = &mut waits.exact {
-                batch.off_cpu_exact += exact.drained(&mut batch.samples, &waits.entries, drained);
-            }
+            waits.drained(&mut batch, drained, flipped_ns);
         }
         Ok(batch)
     }

@@ -21,9 +21,13 @@ use std::{
     sync::Arc,
 };
 
-use profiler_common::{SPILLED_STACK_ID_BASE, SampleKey, Wait};
+use aya::maps::{HashMap as MapHandle, IterableMap as _, MapData};
+use profiler_common::{SPILLED_STACK_ID_BASE, SampleKey, Wait, maps};
 
-use super::raw::{RawBatch, RawSample};
+use super::{
+    batch,
+    raw::{RawBatch, RawSample},
+};
 
 mod exact;
 pub(super) use exact::ExactOffCpu;
@@ -54,6 +58,48 @@ struct Credited {
     /// Weighted nanoseconds credited so far.
     ns: u64,
     seen: u64,
+}
+
+/// Off-CPU at a drain: the waits map read, the tracker, and (when waits are
+/// sampled) sampled threads' totals made exact.
+pub(super) struct WaitsDrain {
+    map: MapHandle<MapData, u32, Wait>,
+    tracker: WaitTracker,
+    exact: Option<ExactOffCpu>,
+    /// Reused at every drain.
+    tids: Vec<u32>,
+    read: Vec<Wait>,
+    entries: Vec<(u32, Wait)>,
+}
+
+impl WaitsDrain {
+    pub(super) fn new(map: MapHandle<MapData, u32, Wait>, min_ns: u64, exact: Option<ExactOffCpu>) -> Self {
+        Self {
+            map,
+            tracker: WaitTracker::new(min_ns),
+            exact,
+            tids: Vec::new(),
+            read: Vec::new(),
+            entries: Vec::new(),
+        }
+    }
+
+    /// `batch` is the buffer of `generation`, drained after the flip at
+    /// `flipped_ns`: the waits still going on are read and credited, and
+    /// sampled threads' totals made exact.
+    pub(super) fn drained(&mut self, batch: &mut RawBatch, generation: u32, flipped_ns: u64) {
+        if let Err(err) = batch::read_all(self.map.map(), false, &mut self.tids, &mut self.read) {
+            batch.read_errors += 1;
+            tracing::debug!("reading {}: {err}", maps::OFF_CPU_WAITS);
+        }
+        self.entries.clear();
+        self.entries
+            .extend(self.tids.iter().copied().zip(self.read.iter().copied()));
+        self.tracker.drained(batch, generation, flipped_ns, &self.entries);
+        if let Some(exact) = &mut self.exact {
+            batch.off_cpu_exact += exact.drained(&mut batch.samples, &self.entries, generation);
+        }
+    }
 }
 
 pub(super) struct WaitTracker {
