@@ -69,13 +69,13 @@ struct Followed {
     last: Reading,
 }
 
-/// A thread with off-CPU samples in a batch: their sum, its process, and
-/// the weight of its wait.
+/// A thread whose wait weighs more than 1: its process, and whether it has
+/// off-CPU samples in the batch.
 #[derive(Clone, Copy, Debug, Default)]
 struct Candidate {
     tgid: u32,
-    weighted_ns: u64,
     weight: u64,
+    sampled: bool,
 }
 
 pub(in crate::collect) struct ExactOffCpu {
@@ -121,18 +121,27 @@ impl ExactOffCpu {
         mut clock: impl FnMut() -> u64,
     ) -> OffCpuExact {
         let mut outcome = OffCpuExact::default();
+        // From the waits map first: on a machine where every switch is
+        // recorded no wait weighs more than 1, and the batch is not walked.
         self.candidates.clear();
-        for sample in samples.iter().filter(|sample| is_off_cpu(sample)) {
-            let candidate = self.candidates.entry(sample.key.tid).or_default();
-            candidate.tgid = sample.key.tgid;
-            candidate.weighted_ns += sample.amount;
+        for &(tid, wait) in waits.iter().filter(|(_, wait)| wait.weight > 1) {
+            self.candidates.insert(
+                tid,
+                Candidate {
+                    tgid: wait.tgid,
+                    weight: wait.weight,
+                    sampled: false,
+                },
+            );
         }
-        for (tid, wait) in waits {
-            if let Some(candidate) = self.candidates.get_mut(tid) {
-                candidate.weight = wait.weight;
+        if !self.candidates.is_empty() {
+            for sample in samples.iter().filter(|sample| is_off_cpu(sample)) {
+                if let Some(candidate) = self.candidates.get_mut(&sample.key.tid) {
+                    candidate.sampled = true;
+                }
             }
         }
-        self.candidates.retain(|_, candidate| candidate.weight > 1);
+        self.candidates.retain(|_, candidate| candidate.sampled);
         // Those followed first: their readings are the ones that can give a
         // figure now.
         self.picked.clear();
