@@ -20,6 +20,7 @@ const WORKLOADS: &[&str] = &[
     "offcpu_mix",
     "duty_cycle",
     "libc_sort",
+    "wait_sites",
 ];
 /// The fuzz test's victim is optimised code with the debug info a release
 /// build has (what the symbolizer meets in the wild), as a shared object.

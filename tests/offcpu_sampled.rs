@@ -12,12 +12,13 @@ use std::{collections::HashMap, thread::sleep, time::Duration};
 use profilerd_tests::{
     Workload,
     daemon::{Daemon, metric},
-    offcpu::{field_ns, percent_off, threads_by_tid, threads_json, window_of},
+    offcpu::{field_ns, percent_off, profile, threads_by_tid, threads_json, through, total_ns, window_of},
     pprof, serial,
 };
 
 const STORM: &str = env!("WORKLOAD_STORM");
 const PINGPONG: &str = env!("WORKLOAD_PINGPONG");
+const WAIT_SITES: &str = env!("WORKLOAD_WAIT_SITES");
 /// Threads of the storm: each waits ~1 ms at a time, ~900 waits a second.
 const THREADS: u32 = 8;
 const SAMPLE_EVERY: &str = "4";
@@ -237,6 +238,141 @@ fn with_a_budget_a_storm_records_what_the_budget_allows_and_a_quiet_cpu_every_sw
     );
     drop(pingpong);
     drop(quiet);
+}
+
+/// Points by which a call site's share of the sampled waits may differ
+/// from the workload's own, unsampled figure. Under the default budget
+/// the waiter has ~5,000 recorded waits in the window: the standard
+/// deviation of either share is about 0.6 points.
+const SPLIT_POINTS: f64 = 3.0;
+const SPLIT_WINDOW_SECONDS: u64 = 10;
+
+/// Two call sites waiting in a switch storm (~19,000 switches a second on
+/// one CPU), with off-CPU's default settings: a quarter of the waits, in
+/// long_wait_site, take ~73% of the time waited. The sampled profile's
+/// split of the time between the two sites, and of the waits counted
+/// (weighted), is what the workload measured around every one of its
+/// reads, within SPLIT_POINTS; and the storm was sampled, not recorded
+/// switch by switch.
+#[test]
+fn under_the_default_budget_a_storm_splits_its_waits_between_call_sites_as_measured() {
+    let _serial = serial();
+    let daemon = Daemon::start(&["--off-cpu"]);
+    let stats_path = std::env::temp_dir().join(format!("profilerd-wait-sites-{}.stats", std::process::id()));
+    let _ = std::fs::remove_file(&stats_path);
+    let path = stats_path.display().to_string();
+    let workload = Workload::spawn("taskset", &["-c", "0", WAIT_SITES, &path, "40"]);
+    sleep(Duration::from_secs(2));
+    let before = SiteStats::read(&stats_path);
+    let (switches_before, recorded_before) = (context_switches(), recorded_switches(&daemon));
+    // The window is the last SPLIT_WINDOW_SECONDS up to the request, sent
+    // right after `after` is read.
+    sleep(Duration::from_secs(SPLIT_WINDOW_SECONDS));
+    let after = SiteStats::read(&stats_path);
+    let (switches, recorded) = (
+        context_switches() - switches_before,
+        recorded_switches(&daemon) - recorded_before,
+    );
+    let query = format!(
+        "pid={}&tid={}&seconds={SPLIT_WINDOW_SECONDS}",
+        after.pid, after.waiter_tid
+    );
+    let off = profile(&daemon, "offcpu", &query, "wait_sites");
+    drop(workload);
+    let _ = std::fs::remove_file(&stats_path);
+
+    eprintln!("{recorded} switches recorded of {switches} in the window");
+    assert!(
+        recorded * 4 < switches,
+        "the storm's {switches} switches should be sampled under the default budget, got {recorded} recorded"
+    );
+    let share = |long: f64, short: f64| 100.0 * long / (long + short);
+    let measured_time = share(
+        (after.long_ns - before.long_ns) as f64,
+        (after.short_ns - before.short_ns) as f64,
+    );
+    let measured_waits = share(
+        (after.long_waits - before.long_waits) as f64,
+        (after.short_waits - before.short_waits) as f64,
+    );
+    let counted = |function| -> u64 {
+        through(&off.samples, function)
+            .map(|sample| u64::try_from(sample.values[0]).expect("a count"))
+            .sum()
+    };
+    let profiled_time = share(
+        total_ns(through(&off.samples, "long_wait_site")) as f64,
+        total_ns(through(&off.samples, "short_wait_site")) as f64,
+    );
+    let profiled_waits = share(
+        counted("long_wait_site") as f64,
+        counted("short_wait_site") as f64,
+    );
+    for (what, got, expected) in [
+        ("time waited", profiled_time, measured_time),
+        ("waits", profiled_waits, measured_waits),
+    ] {
+        eprintln!("long_wait_site's share of the {what}: {got:.2}% sampled, {expected:.2}% measured");
+        assert!(
+            (got - expected).abs() <= SPLIT_POINTS,
+            "long_wait_site's share of the {what}: the workload measured {expected:.2}% \
+             (short_wait_site the rest), the sampled profile should show it ±{SPLIT_POINTS} points, got {got:.2}%"
+        );
+    }
+}
+
+/// What wait_sites measured (`struct stats` of workloads/wait_sites.c).
+struct SiteStats {
+    pid: u32,
+    waiter_tid: u32,
+    long_waits: u64,
+    long_ns: u64,
+    short_waits: u64,
+    short_ns: u64,
+}
+
+impl SiteStats {
+    /// Polls for a second of the workload's waits (a minute is a stall).
+    /// Each field is an aligned 8-byte store, never torn; a site's count
+    /// and time may be one wait apart.
+    fn read(path: &std::path::Path) -> Self {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let fields: Vec<u64> = std::fs::read(path)
+                .unwrap_or_default()
+                .as_chunks::<8>()
+                .0
+                .iter()
+                .map(|chunk| u64::from_le_bytes(*chunk))
+                .collect();
+            if let [
+                pid,
+                waiter_tid,
+                _answerer,
+                long_waits,
+                long_ns,
+                short_waits,
+                short_ns,
+            ] = fields[..]
+                && long_waits > 0
+            {
+                return Self {
+                    pid: u32::try_from(pid).expect("a pid"),
+                    waiter_tid: u32::try_from(waiter_tid).expect("a tid"),
+                    long_waits,
+                    long_ns,
+                    short_waits,
+                    short_ns,
+                };
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "wait_sites should have written its stats to {} within 60 s",
+                path.display()
+            );
+            sleep(Duration::from_millis(20));
+        }
+    }
 }
 
 fn recorded_switches(daemon: &Daemon) -> u64 {
