@@ -268,6 +268,13 @@ impl CpuLedger {
             .is_some_and(|process| process.threads.contains_key(&tid))
     }
 
+    /// Whether the ledger follows every one of these threads of `tgid`.
+    pub fn knows_all(&self, tgid: u32, mut tids: impl Iterator<Item = u32>) -> bool {
+        self.processes
+            .get(&tgid)
+            .is_some_and(|process| tids.all(|tid| process.threads.contains_key(&tid)))
+    }
+
     /// Credits every followed thread of `batch` (the buffer of `generation`)
     /// with what the kernel accounted since the previous drain, as `readings`
     /// say, at `now_ns` (CLOCK_MONOTONIC).

@@ -384,3 +384,27 @@ fn a_process_grown_past_what_may_be_read_is_no_longer_followed() {
     assert!(!ledger.knows(TGID, 11));
     assert_eq!(ledger.take_changes().stopped, vec![TGID]);
 }
+
+/// What lets a drain read a process's threads without listing them again
+/// (read.rs, `read_unchanged`): every thread held is one the ledger follows.
+#[test]
+fn the_ledger_knows_all_of_a_set_only_when_it_follows_each_thread() {
+    let mut ledger = CpuLedger::new(0);
+    let mut first = batch(&[(11, 1, 1, 10 * MS), (12, 2, 1, 10 * MS)]);
+    drain(
+        &mut ledger,
+        &mut first,
+        reading(&[(11, 10 * MS), (12, 10 * MS)]),
+        SECOND,
+    );
+    assert!(ledger.knows_all(TGID, [11, 12].into_iter()));
+    assert!(ledger.knows_all(TGID, [12].into_iter()));
+    assert!(
+        !ledger.knows_all(TGID, [11, 13].into_iter()),
+        "13 is not followed"
+    );
+    assert!(
+        !ledger.knows_all(TGID + 1, [11].into_iter()),
+        "nor is another process"
+    );
+}
