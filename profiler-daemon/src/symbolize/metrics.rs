@@ -115,6 +115,12 @@ fn encode_caches(out: &mut DescriptorEncoder, stats: &SymbolizerStats) -> fmt::R
     )?;
     counter(
         out,
+        "symbolize_stacks_reused",
+        "Stacks taken whole from the previous batch (every frame named, no JIT or Python frame), not looked up again",
+        stats.stacks_reused,
+    )?;
+    counter(
+        out,
         "symbol_unresolved",
         "Addresses no symbol was found for (kept as placeholders)",
         resolver.unresolved,

@@ -4,6 +4,7 @@
 //! the drain or the server. The ELF and DWARF of user binaries, which other
 //! users control, are parsed in a separate, unprivileged [`worker`] process.
 
+mod build;
 mod demangle;
 mod kernel_symbols;
 pub mod metrics;
@@ -35,8 +36,9 @@ use crate::{
     python::{names::PythonNameStats, prefetch::PythonNews},
     shares::Owner,
 };
+use build::{BuiltStacks, Namers, StackSource, build_stack, is_jit_code, return_adjusted};
 use perf_maps::PerfMaps;
-use processes::{ProcessEntry, ProcessTable};
+use processes::ProcessTable;
 use profiler_common::python::is_python_frame;
 use python_frames::PythonFrames;
 use resolver::Resolver;
@@ -50,6 +52,8 @@ pub struct SymbolizerStats {
     pub cgroups: CgroupStats,
     pub python: PythonNameStats,
     pub perf_maps: PerfMapStats,
+    /// Stacks taken whole from the previous batch, not built again.
+    pub stacks_reused: u64,
 }
 
 pub struct Symbolizer {
@@ -69,6 +73,8 @@ pub struct Symbolizer {
     python_news: Option<std::sync::mpsc::Receiver<PythonNews>>,
     /// Samples of a kind this daemon does not know (a mismatched BPF object).
     unknown_kinds: u64,
+    /// The previous batch's stacks that a later one may take as they are.
+    built: BuiltStacks,
 }
 
 impl Symbolizer {
@@ -101,6 +107,7 @@ impl Symbolizer {
             jit_seen: Vec::new(),
             python_news: None,
             unknown_kinds: 0,
+            built: BuiltStacks::default(),
         }
     }
 
@@ -142,6 +149,7 @@ impl Symbolizer {
             cgroups: self.cgroups.stats,
             python: self.python.stats(),
             perf_maps: self.perf_maps.stats,
+            stacks_reused: self.built.reused,
         }
     }
 
@@ -150,6 +158,9 @@ impl Symbolizer {
     fn resolve_addresses(&mut self, batch: &RawBatch) {
         let mut stale = Vec::new();
         for sample in &batch.samples {
+            if source_of(sample.key, batch).is_some_and(|source| self.built.holds(&source)) {
+                continue;
+            }
             if !self.want_stack(sample.key, batch) {
                 stale.push((sample.key.tgid, sample.key.instance));
             }
@@ -249,23 +260,30 @@ impl Symbolizer {
                     if key.user_stack_id == UNSAMPLED_CPU_STACK_ID {
                         return Arc::new(SymbolizedStack::placeholder(UNSAMPLED_CPU));
                     }
+                    let source = stack_source(key, ends_in_switch, batch);
+                    if let Some(stack) = self.built.get(&source) {
+                        return stack;
+                    }
                     let namers = Namers {
                         resolver: &self.resolver,
                         perf_maps: &self.perf_maps,
                         kernel_mapping: &self.kernel_mapping,
                     };
-                    let mut stack = build_stack(
+                    let built = build_stack(
                         namers,
                         &mut self.python,
                         (key.tgid, key.instance),
                         process,
-                        stack_of(&batch.kernel_stacks, key.kernel_stack_id),
-                        stack_of(&batch.user_stacks, key.user_stack_id),
+                        source.kernel.as_deref(),
+                        source.user.as_deref(),
                     );
+                    let mut stack = built.stack;
                     if ends_in_switch {
                         stack.trim_switch_frames();
                     }
-                    Arc::new(stack)
+                    let stack = Arc::new(stack);
+                    self.built.keep(source, &stack, built.moving_code);
+                    stack
                 })
                 .clone();
             out.push(SymbolizedSample {
@@ -286,6 +304,7 @@ impl Symbolizer {
             self.resolver.forget_file(&file);
         }
         self.python.end_batch();
+        self.built.end_batch();
         out
     }
 
@@ -348,14 +367,6 @@ impl Symbolizer {
     }
 }
 
-/// Executable memory no file describes: a JIT's code. Anonymous, or (.NET
-/// 7+, which maps its code twice to keep it never writable and executable
-/// at once) its double-mapped memfd.
-fn is_jit_code(mapping: &processes::UserMapping) -> bool {
-    let path = &*mapping.mapping.path;
-    path.is_empty() || path.starts_with("/memfd:doublemapper")
-}
-
 fn stack_of(stacks: &HashMap<u32, Arc<[u64]>>, id: i32) -> Option<&[u64]> {
     u32::try_from(id)
         .ok()
@@ -363,98 +374,25 @@ fn stack_of(stacks: &HashMap<u32, Arc<[u64]>>, id: i32) -> Option<&[u64]> {
         .map(|stack| &**stack)
 }
 
-/// Non-leaf frames hold return addresses, which may already belong to the
-/// next function; the call instruction is at address - 1.
-fn return_adjusted(ip: u64, is_return_address: bool) -> u64 {
-    if is_return_address {
-        ip.saturating_sub(1)
-    } else {
-        ip
+fn shared_stack_of(stacks: &HashMap<u32, Arc<[u64]>>, id: i32) -> Option<Arc<[u64]>> {
+    u32::try_from(id).ok().and_then(|id| stacks.get(&id)).cloned()
+}
+
+/// What `key`'s stack is built from in `batch`.
+fn stack_source(key: profiler_common::SampleKey, ends_in_switch: bool, batch: &RawBatch) -> StackSource {
+    StackSource {
+        pid: key.tgid,
+        instance: key.instance,
+        ends_in_switch,
+        kernel: shared_stack_of(&batch.kernel_stacks, key.kernel_stack_id),
+        user: shared_stack_of(&batch.user_stacks, key.user_stack_id),
     }
 }
 
-/// Where a stack's frames get their names (besides Python's).
-struct Namers<'a> {
-    resolver: &'a Resolver,
-    perf_maps: &'a PerfMaps,
-    kernel_mapping: &'a Arc<Mapping>,
-}
-
-fn build_stack(
-    Namers {
-        resolver,
-        perf_maps,
-        kernel_mapping,
-    }: Namers<'_>,
-    python: &mut PythonFrames,
-    (pid, instance): (u32, u32),
-    process: Option<&ProcessEntry>,
-    kernel: Option<&[u64]>,
-    user: Option<&[u64]>,
-) -> SymbolizedStack {
-    let mut locations = Vec::with_capacity(kernel.map_or(0, <[u64]>::len) + user.map_or(0, <[u64]>::len));
-    for (index, &ip) in kernel.unwrap_or_default().iter().enumerate() {
-        let lines = resolver.kernel(return_adjusted(ip, index > 0));
-        locations.push(location(
-            FrameKind::Kernel,
-            ip,
-            Some(kernel_mapping.clone()),
-            lines,
-            || format!("[unknown] [kernel.kallsyms]+{ip:#x}"),
-        ));
-    }
-    let after_kernel = kernel.is_some();
-    for (index, &ip) in user.unwrap_or_default().iter().enumerate() {
-        if is_python_frame(ip) {
-            locations.push(python.location(pid, instance, ip));
-            continue;
-        }
-        let address = return_adjusted(ip, index > 0 || after_kernel);
-        let mapping = process.and_then(|process| process.mapping_of(address));
-        let lines = mapping.and_then(|mapping| match &mapping.file {
-            _ if is_jit_code(mapping) => perf_maps.lines(pid, instance, address),
-            Some(file) => resolver.user(file, address - mapping.start + mapping.offset),
-            None => None,
-        });
-        locations.push(location(
-            FrameKind::User,
-            ip,
-            mapping.map(|mapping| mapping.mapping.clone()),
-            lines,
-            || match mapping {
-                // Anonymous executable memory: a JIT's code, not named by a
-                // perf map (the runtime writes none, or not this yet).
-                Some(mapping) if is_jit_code(mapping) => "[jit]".to_owned(),
-                Some(mapping) => {
-                    let module = mapping.mapping.path.rsplit('/').next().unwrap_or_default();
-                    format!(
-                        "[unknown] {module}+{:#x}",
-                        address - mapping.start + mapping.offset
-                    )
-                }
-                None => format!("[unknown] {ip:#x}"),
-            },
-        ));
-    }
-    SymbolizedStack {
-        locations: locations.into(),
-    }
-}
-
-fn location(
-    kind: FrameKind,
-    address: u64,
-    mapping: Option<Arc<Mapping>>,
-    lines: Option<Arc<[Line]>>,
-    placeholder: impl FnOnce() -> String,
-) -> Location {
-    let resolved = lines.is_some();
-    let lines = lines.unwrap_or_else(|| Line::named(placeholder().into()));
-    Location {
-        kind,
-        address,
-        mapping,
-        lines,
-        resolved,
-    }
+/// The same, for a sample of a kind this daemon knows (pass 1 meets the
+/// others too; pass 2 drops them).
+fn source_of(key: profiler_common::SampleKey, batch: &RawBatch) -> Option<StackSource> {
+    let kind = crate::kind::SampleKind::from_bpf(key.kind)?;
+    (key.user_stack_id != UNSAMPLED_CPU_STACK_ID)
+        .then(|| stack_source(key, kind.describe().ends_in_switch, batch))
 }
