@@ -6,13 +6,15 @@
  * long_wait_site, the other three in short_wait_site. The answerer spins
  * LONG_SPIN_NS or SHORT_SPIN_NS before it answers, so a long wait lasts ~9x
  * a short one: long_wait_site has a quarter of the waits and ~75% of the
- * time waited. Pinned to one CPU (the test runs it under taskset), the two
- * threads switch ~20,000 times a second, enough to put the default off-CPU
+ * time waited (~73% measured: each wait also holds the switches' own
+ * cost). Pinned to one CPU (the test runs it under taskset), the two
+ * threads switch ~19,000 times a second, enough to put the default off-CPU
  * budget's sampling to work.
  *
  * The stats file is a MAP_SHARED mapping of little-endian int64 fields, in
  * the order of struct stats: each site's waits and the CLOCK_MONOTONIC ns
- * spent in its read, added up after every wait.
+ * from its request's write to the end of its read, added up after every
+ * wait (on one CPU the woken answerer may take the CPU inside the write).
  * Usage: wait_sites STATS_FILE SECONDS */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -56,11 +58,11 @@ static void read_byte(int fd, char *byte) {
     }
 }
 
-/* Asks for an answer after `spin_ns` of the answerer's spinning; the read
- * is the wait, timed around it. Returns its ns. */
+/* Asks for an answer after the answerer's LONG or SHORT spin; the wait is
+ * timed from before the request's write. Returns its ns. */
 static int64_t ask(char spin) {
-    if (write(request_pipe[1], &spin, 1) != 1) die("write request");
     int64_t start = mono_ns();
+    if (write(request_pipe[1], &spin, 1) != 1) die("write request");
     char answer;
     read_byte(answer_pipe[0], &answer);
     return mono_ns() - start;

@@ -150,9 +150,14 @@ pub(super) struct StackSource {
     pub user: Option<Arc<[u64]>>,
 }
 
+/// Stacks held at most in a batch: a batch's distinct stacks are bounded
+/// by the stack maps (16k user, 16k unwound, 8k kernel by default); this
+/// bounds what a storm of new stacks pins beside the store.
+const MAX_HELD: usize = 32 * 1024;
+
 /// The reusable stacks built or reused in this batch and the previous one;
 /// one not used in a batch is dropped at its end, so they hold at most two
-/// batches' distinct stacks.
+/// batches' distinct stacks, [`MAX_HELD`] each.
 #[derive(Default)]
 pub(super) struct BuiltStacks {
     previous: HashMap<StackSource, Arc<SymbolizedStack>>,
@@ -183,9 +188,22 @@ impl BuiltStacks {
     /// the kernel (a placeholder may be named once its file or mapping is
     /// read) and no `moving_code`.
     pub fn keep(&mut self, source: StackSource, stack: &Arc<SymbolizedStack>, moving_code: bool) {
-        if !moving_code && stack.locations.iter().all(|location| location.resolved) {
+        if !moving_code
+            && self.current.len() < MAX_HELD
+            && stack.locations.iter().all(|location| location.resolved)
+        {
             self.current.insert(source, stack.clone());
         }
+    }
+
+    /// Drops the stacks held for a process instance whose mappings were read
+    /// again (or that exited): the same addresses may now be in other files.
+    pub fn forget(&mut self, pid: u32, instance: u32) {
+        let other = |source: &StackSource, _: &mut Arc<SymbolizedStack>| {
+            (source.pid, source.instance) != (pid, instance)
+        };
+        self.previous.retain(other);
+        self.current.retain(other);
     }
 
     /// Ends a batch: what it did not use is dropped.
@@ -252,6 +270,17 @@ mod tests {
         assert!(!built.holds(&source(7, &[1])), "a placeholder");
         assert!(!built.holds(&source(7, &[2])), "JIT or Python code");
         assert!(built.holds(&source(7, &[3])));
+    }
+
+    #[test]
+    fn a_process_whose_mappings_were_read_again_has_its_stacks_built_afresh() {
+        let mut built = BuiltStacks::default();
+        built.keep(source(7, &[1]), &stack("old_library_function", true), false);
+        built.keep(source(8, &[1]), &stack("main", true), false);
+        built.end_batch();
+        built.forget(7, 1);
+        assert!(!built.holds(&source(7, &[1])));
+        assert!(built.holds(&source(8, &[1])), "another process keeps its own");
     }
 
     #[test]

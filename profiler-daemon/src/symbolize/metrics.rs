@@ -115,8 +115,8 @@ fn encode_caches(out: &mut DescriptorEncoder, stats: &SymbolizerStats) -> fmt::R
     )?;
     counter(
         out,
-        "symbolize_stacks_reused",
-        "Stacks taken whole from the previous batch (every frame named, no JIT or Python frame), not looked up again",
+        "symbol_stacks_reused",
+        "Stacks taken whole from an earlier batch (every frame named, no JIT or Python frame): their addresses are not looked up again, nor counted in symbol_cache_hits",
         stats.stacks_reused,
     )?;
     counter(

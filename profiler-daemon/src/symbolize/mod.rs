@@ -117,9 +117,13 @@ impl Symbolizer {
                 if let Some((id, path)) = &snapshot.cgroup {
                     self.cgroups.learn(*id, path);
                 }
+                // Its mappings as read now: its held stacks may name
+                // other files (a library unloaded, another at its place).
+                self.built.forget(snapshot.pid, snapshot.instance);
                 self.processes.insert(snapshot, &mut self.resolver);
             }
             ProcessNotice::Exited { pid, instance } => {
+                self.built.forget(pid, instance);
                 self.processes.exited(pid, instance);
                 self.python.exited(pid, instance);
                 self.perf_maps.exited(pid, instance);
@@ -157,8 +161,22 @@ impl Symbolizer {
     /// batch not yet cached and resolves them a file at a time.
     fn resolve_addresses(&mut self, batch: &RawBatch) {
         let mut stale = Vec::new();
+        // Whether each distinct stack of the batch is held: its addresses
+        // need no lookup.
+        let mut held: HashMap<(u32, u32, i32, i32, u16), bool> = HashMap::new();
         for sample in &batch.samples {
-            if source_of(sample.key, batch).is_some_and(|source| self.built.holds(&source)) {
+            let key = sample.key;
+            let built = &self.built;
+            if *held
+                .entry((
+                    key.tgid,
+                    key.instance,
+                    key.user_stack_id,
+                    key.kernel_stack_id,
+                    key.kind,
+                ))
+                .or_insert_with(|| source_of(key, batch).is_some_and(|source| built.holds(&source)))
+            {
                 continue;
             }
             if !self.want_stack(sample.key, batch) {
@@ -172,6 +190,7 @@ impl Symbolizer {
         stale.dedup();
         for (pid, instance) in stale {
             if self.processes.refresh(pid, instance, &mut self.resolver) {
+                self.built.forget(pid, instance);
                 for sample in batch
                     .samples
                     .iter()

@@ -245,6 +245,15 @@ impl ThreadClock {
     /// and still readable. A thread that exited fails its read; one created
     /// after `read` took the time is new at the next drain, as with a
     /// listing. None: list them.
+    ///
+    /// Why that is the live set: the kernel's `proc_task_getattr` gives
+    /// `task/` 2 links plus `nr_threads`, which changes with the thread list
+    /// under the same lock. The count is taken before the reads; a read
+    /// that succeeds after it means its thread was alive at it (a held
+    /// descriptor names its thread, and fails once it is released, even if
+    /// another takes the tid). Held threads all alive, as many as the
+    /// count: no other thread. Reading first and counting after would not
+    /// hold.
     fn read_unchanged(
         &mut self,
         ledger: &CpuLedger,
