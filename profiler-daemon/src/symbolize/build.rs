@@ -9,7 +9,9 @@
 
 use std::{collections::HashMap, sync::Arc};
 
-use profiler_common::python::is_python_frame;
+use profiler_common::{SampleKey, python::is_python_frame};
+
+use crate::collect::{RawBatch, UNSAMPLED_CPU_STACK_ID};
 
 use super::{
     Location, Mapping, PythonFrames, SymbolizedStack,
@@ -148,6 +150,29 @@ pub(super) struct StackSource {
     pub ends_in_switch: bool,
     pub kernel: Option<Arc<[u64]>>,
     pub user: Option<Arc<[u64]>>,
+}
+
+fn shared_stack_of(stacks: &HashMap<u32, Arc<[u64]>>, id: i32) -> Option<Arc<[u64]>> {
+    u32::try_from(id).ok().and_then(|id| stacks.get(&id)).cloned()
+}
+
+/// What `key`'s stack is built from in `batch`.
+pub(super) fn stack_source(key: SampleKey, ends_in_switch: bool, batch: &RawBatch) -> StackSource {
+    StackSource {
+        pid: key.tgid,
+        instance: key.instance,
+        ends_in_switch,
+        kernel: shared_stack_of(&batch.kernel_stacks, key.kernel_stack_id),
+        user: shared_stack_of(&batch.user_stacks, key.user_stack_id),
+    }
+}
+
+/// The same, for a sample of a kind this daemon knows (pass 1 meets the
+/// others too; pass 2 drops them).
+pub(super) fn source_of(key: SampleKey, batch: &RawBatch) -> Option<StackSource> {
+    let kind = crate::kind::SampleKind::from_bpf(key.kind)?;
+    (key.user_stack_id != UNSAMPLED_CPU_STACK_ID)
+        .then(|| stack_source(key, kind.describe().ends_in_switch, batch))
 }
 
 /// Stacks held at most in a batch: a batch's distinct stacks are bounded

@@ -36,7 +36,7 @@ use crate::{
     python::{names::PythonNameStats, prefetch::PythonNews},
     shares::Owner,
 };
-use build::{BuiltStacks, Namers, StackSource, build_stack, is_jit_code, return_adjusted};
+use build::{BuiltStacks, Namers, build_stack, is_jit_code, return_adjusted, source_of, stack_source};
 use perf_maps::PerfMaps;
 use processes::ProcessTable;
 use profiler_common::python::is_python_frame;
@@ -391,27 +391,4 @@ fn stack_of(stacks: &HashMap<u32, Arc<[u64]>>, id: i32) -> Option<&[u64]> {
         .ok()
         .and_then(|id| stacks.get(&id))
         .map(|stack| &**stack)
-}
-
-fn shared_stack_of(stacks: &HashMap<u32, Arc<[u64]>>, id: i32) -> Option<Arc<[u64]>> {
-    u32::try_from(id).ok().and_then(|id| stacks.get(&id)).cloned()
-}
-
-/// What `key`'s stack is built from in `batch`.
-fn stack_source(key: profiler_common::SampleKey, ends_in_switch: bool, batch: &RawBatch) -> StackSource {
-    StackSource {
-        pid: key.tgid,
-        instance: key.instance,
-        ends_in_switch,
-        kernel: shared_stack_of(&batch.kernel_stacks, key.kernel_stack_id),
-        user: shared_stack_of(&batch.user_stacks, key.user_stack_id),
-    }
-}
-
-/// The same, for a sample of a kind this daemon knows (pass 1 meets the
-/// others too; pass 2 drops them).
-fn source_of(key: profiler_common::SampleKey, batch: &RawBatch) -> Option<StackSource> {
-    let kind = crate::kind::SampleKind::from_bpf(key.kind)?;
-    (key.user_stack_id != UNSAMPLED_CPU_STACK_ID)
-        .then(|| stack_source(key, kind.describe().ends_in_switch, batch))
 }
