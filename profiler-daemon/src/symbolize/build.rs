@@ -167,12 +167,21 @@ pub(super) fn stack_source(key: SampleKey, ends_in_switch: bool, batch: &RawBatc
     }
 }
 
-/// The same, for a sample of a kind this daemon knows (pass 1 meets the
-/// others too; pass 2 drops them).
-pub(super) fn source_of(key: SampleKey, batch: &RawBatch) -> Option<StackSource> {
+/// A stack within one batch: (pid, instance, user stack id, kernel stack
+/// id, whether it is a wait's).
+pub(super) type StackIds = (u32, u32, i32, i32, bool);
+
+/// The ids of `key`'s stack, for a sample of a kind this daemon knows with
+/// a stack to build (pass 1 meets the others too; pass 2 drops them).
+pub(super) fn stack_ids(key: SampleKey) -> Option<StackIds> {
     let kind = crate::kind::SampleKind::from_bpf(key.kind)?;
-    (key.user_stack_id != UNSAMPLED_CPU_STACK_ID)
-        .then(|| stack_source(key, kind.describe().ends_in_switch, batch))
+    (key.user_stack_id != UNSAMPLED_CPU_STACK_ID).then_some((
+        key.tgid,
+        key.instance,
+        key.user_stack_id,
+        key.kernel_stack_id,
+        kind.describe().ends_in_switch,
+    ))
 }
 
 /// Stacks held at most in a batch: a batch's distinct stacks are bounded
@@ -192,7 +201,8 @@ pub(super) struct BuiltStacks {
 }
 
 impl BuiltStacks {
-    /// Whether `source`'s stack is held (its addresses need no lookup).
+    /// Whether `source`'s stack is held.
+    #[cfg(test)]
     pub fn holds(&self, source: &StackSource) -> bool {
         self.current.contains_key(source) || self.previous.contains_key(source)
     }

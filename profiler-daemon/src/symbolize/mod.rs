@@ -36,7 +36,9 @@ use crate::{
     python::{names::PythonNameStats, prefetch::PythonNews},
     shares::Owner,
 };
-use build::{BuiltStacks, Namers, build_stack, is_jit_code, return_adjusted, source_of, stack_source};
+use build::{
+    BuiltStacks, Namers, StackIds, build_stack, is_jit_code, return_adjusted, stack_ids, stack_source,
+};
 use perf_maps::PerfMaps;
 use processes::ProcessTable;
 use profiler_common::python::is_python_frame;
@@ -158,26 +160,25 @@ impl Symbolizer {
     }
 
     /// Pass 1 of [`Symbolizer::symbolize`]: finds every address of the
-    /// batch not yet cached and resolves them a file at a time.
-    fn resolve_addresses(&mut self, batch: &RawBatch) {
+    /// batch not yet cached and resolves them a file at a time. Returns the
+    /// batch's stacks an earlier batch built, taken whole (their addresses
+    /// need no lookup; pass 2 starts from them).
+    fn resolve_addresses(&mut self, batch: &RawBatch) -> HashMap<StackIds, Arc<SymbolizedStack>> {
         let mut stale = Vec::new();
-        // Whether each distinct stack of the batch is held: its addresses
-        // need no lookup.
-        let mut held: HashMap<(u32, u32, i32, i32, u16), bool> = HashMap::new();
+        let mut taken = HashMap::new();
+        let mut looked = std::collections::HashSet::new();
         for sample in &batch.samples {
             let key = sample.key;
-            let built = &self.built;
-            if *held
-                .entry((
-                    key.tgid,
-                    key.instance,
-                    key.user_stack_id,
-                    key.kernel_stack_id,
-                    key.kind,
-                ))
-                .or_insert_with(|| source_of(key, batch).is_some_and(|source| built.holds(&source)))
-            {
-                continue;
+            if let Some(ids) = stack_ids(key) {
+                if taken.contains_key(&ids) {
+                    continue;
+                }
+                if looked.insert(ids)
+                    && let Some(stack) = self.built.get(&stack_source(key, ids.4, batch))
+                {
+                    taken.insert(ids, stack);
+                    continue;
+                }
             }
             if !self.want_stack(sample.key, batch) {
                 stale.push((sample.key.tgid, sample.key.instance));
@@ -191,6 +192,7 @@ impl Symbolizer {
         for (pid, instance) in stale {
             if self.processes.refresh(pid, instance, &mut self.resolver) {
                 self.built.forget(pid, instance);
+                taken.retain(|ids: &StackIds, _| (ids.0, ids.1) != (pid, instance));
                 for sample in batch
                     .samples
                     .iter()
@@ -222,6 +224,7 @@ impl Symbolizer {
                 self.cgroups.learn(*id, path);
             }
         }
+        taken
     }
 
     /// Symbolizes one drained batch. Samples without a stack keep an empty one.
@@ -231,7 +234,7 @@ impl Symbolizer {
                 self.python.news(news);
             }
         }
-        self.resolve_addresses(batch);
+        let taken = self.resolve_addresses(batch);
         let cgroups = self.cgroups.resolve(
             batch
                 .samples
@@ -239,8 +242,9 @@ impl Symbolizer {
                 .map(|sample| (sample.key.cgroup_id, sample.key.tgid)),
         );
 
-        // Pass 2: build each distinct stack once per batch from the caches.
-        let mut stacks: HashMap<(u32, u32, i32, i32, bool), Arc<SymbolizedStack>> = HashMap::new();
+        // Pass 2: build each distinct stack once per batch from the caches,
+        // but those taken whole.
+        let mut stacks: HashMap<StackIds, Arc<SymbolizedStack>> = taken;
         let mut out = Vec::with_capacity(batch.samples.len());
         for sample in &batch.samples {
             let key = sample.key;
@@ -280,9 +284,6 @@ impl Symbolizer {
                         return Arc::new(SymbolizedStack::placeholder(UNSAMPLED_CPU));
                     }
                     let source = stack_source(key, ends_in_switch, batch);
-                    if let Some(stack) = self.built.get(&source) {
-                        return stack;
-                    }
                     let namers = Namers {
                         resolver: &self.resolver,
                         perf_maps: &self.perf_maps,
