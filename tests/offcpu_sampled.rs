@@ -319,6 +319,14 @@ fn under_the_default_budget_a_storm_splits_its_waits_between_call_sites_as_measu
              (short_wait_site the rest), the sampled profile should show it ±{SPLIT_POINTS} points, got {got:.2}%"
         );
     }
+    // The storm's drains took thousands of kernel stacks out of their maps
+    // (each read and deleted in one call) and the counters in one read: a
+    // drain that fails either counts it here.
+    let read_errors = metric(&daemon.get("/metrics").text(), "profilerd_map_read_errors_total");
+    assert_eq!(
+        read_errors, 0,
+        "every drain should read its maps whole, got {read_errors} read errors"
+    );
 }
 
 /// What wait_sites measured (`struct stats` of workloads/wait_sites.c).

@@ -1,8 +1,11 @@
-//! Reading BPF hash maps in batches (`BPF_MAP_LOOKUP_BATCH` and
-//! `BPF_MAP_LOOKUP_AND_DELETE_BATCH`, Linux 5.6): one system call per few
-//! hundred entries, where an iteration costs two or three per entry (next
-//! key, lookup, delete). At every drain that is the difference between a few
-//! and a few thousand system calls. aya has no batch API, hence this.
+//! Reading BPF maps with as few system calls as the kernel allows: hash
+//! maps and per-CPU arrays in batches (`BPF_MAP_LOOKUP_BATCH` and
+//! `BPF_MAP_LOOKUP_AND_DELETE_BATCH`, Linux 5.6), one call per few hundred
+//! entries where an iteration costs two or three per entry (next key,
+//! lookup, delete), and a stack trace read and deleted in one call
+//! (`BPF_MAP_LOOKUP_AND_DELETE_ELEM`). At every drain that is the difference
+//! between a few and a few thousand system calls. aya has none of these,
+//! hence this.
 
 use std::{
     io,
@@ -11,6 +14,7 @@ use std::{
 
 use aya::{Pod, maps::MapData};
 
+const BPF_MAP_LOOKUP_AND_DELETE_ELEM: libc::c_long = 21;
 const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
 const BPF_MAP_LOOKUP_AND_DELETE_BATCH: libc::c_long = 25;
 /// Entries asked for per call; a bucket holding more makes the kernel ask
@@ -101,4 +105,119 @@ pub fn read_all<K: Pod, V: Pod>(
             _ => return Err(error.unwrap_or_else(|| io::Error::other("batch read failed"))),
         }
     }
+}
+
+/// The `BPF_MAP_*_ELEM` members of `union bpf_attr`.
+#[repr(C)]
+#[derive(Default)]
+struct ElemAttr {
+    map_fd: u32,
+    _pad: u32,
+    key: u64,
+    value: u64,
+    flags: u64,
+}
+
+/// What [`take`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Taken {
+    /// Read into the value, and deleted.
+    Read,
+    /// No such key.
+    Absent,
+    /// This kernel cannot read and delete this map's entries in one call
+    /// (stack-trace maps before Linux 6.x): read and delete them apart.
+    Unsupported,
+}
+
+/// Reads the value of `key` into `value` and deletes the entry, in one
+/// system call. `V` must be the map's value (its `value_size` bytes).
+pub fn take<K: Pod, V: Pod>(map: &MapData, key: &K, value: &mut V) -> io::Result<Taken> {
+    let mut attr = ElemAttr {
+        map_fd: map.fd().as_fd().as_raw_fd() as u32,
+        key: std::ptr::from_ref(key) as u64,
+        value: std::ptr::from_mut(value) as u64,
+        ..ElemAttr::default()
+    };
+    // SAFETY: the attribute points at a key and a value of the map's sizes
+    // (the caller's types), alive for the call; the kernel reads
+    // `size_of::<ElemAttr>()` bytes of `attr` and writes one value.
+    let result = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_MAP_LOOKUP_AND_DELETE_ELEM,
+            &raw mut attr,
+            size_of::<ElemAttr>() as libc::c_uint,
+        )
+    };
+    if result == 0 {
+        return Ok(Taken::Read);
+    }
+    let error = io::Error::last_os_error();
+    // ENOTSUPP (524, the kernel's own) for map types it does not do this
+    // for; EINVAL before the command existed.
+    const ENOTSUPP: i32 = 524;
+    match error.raw_os_error() {
+        Some(libc::ENOENT) => Ok(Taken::Absent),
+        Some(libc::EINVAL | libc::EOPNOTSUPP | ENOTSUPP) => Ok(Taken::Unsupported),
+        _ => Err(error),
+    }
+}
+
+/// Every entry of a per-CPU array of u64 (keys 0..`entries`), `cpus`
+/// values each (the possible CPUs), entry after entry into `values`
+/// (cleared first): one system call where a lookup per entry took
+/// `entries`.
+pub fn read_per_cpu_array(map: &MapData, entries: u32, cpus: usize, values: &mut Vec<u64>) -> io::Result<()> {
+    let total = entries as usize;
+    values.clear();
+    values.resize(total * cpus, 0);
+    let mut keys = vec![0_u32; total];
+    let fd = map.fd().as_fd().as_raw_fd() as u32;
+    // An array's position token is its last key read (u32; u64 leaves room).
+    let mut position: u64 = 0;
+    let mut next: u64 = 0;
+    let mut done = 0;
+    while done < total {
+        let mut attr = BatchAttr {
+            in_batch: if done > 0 { &raw const position as u64 } else { 0 },
+            out_batch: &raw mut next as u64,
+            // SAFETY (of the pointers): both vectors hold `total` entries,
+            // `done` of them written.
+            keys: keys.as_mut_ptr().wrapping_add(done) as u64,
+            values: values.as_mut_ptr().wrapping_add(done * cpus) as u64,
+            count: (total - done) as u32,
+            map_fd: fd,
+            ..BatchAttr::default()
+        };
+        // SAFETY: as in `read_all`: valid buffers for `count` keys and
+        // values (`cpus` u64 each, the kernel's per-CPU value of a u64 array)
+        // and two tokens, alive for the call.
+        let result = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_MAP_LOOKUP_BATCH,
+                &raw mut attr,
+                size_of::<BatchAttr>() as libc::c_uint,
+            )
+        };
+        let error = (result < 0).then(io::Error::last_os_error);
+        done += (attr.count as usize).min(total - done);
+        match error.as_ref().and_then(io::Error::raw_os_error) {
+            None => position = next,
+            Some(libc::ENOENT) if done == total => return Ok(()),
+            _ => return Err(error.unwrap_or_else(|| io::Error::other("batch read failed"))),
+        }
+        if attr.count == 0 {
+            return Err(io::Error::other("a batch read of an array returned nothing"));
+        }
+    }
+    // Keys come in order for an array; checked, as a wrong order would
+    // credit one counter's events to another.
+    if keys.iter().enumerate().any(|(index, &key)| key as usize != index) {
+        return Err(io::Error::other(
+            "a batch read of an array returned its keys out of order",
+        ));
+    }
+    Ok(())
 }

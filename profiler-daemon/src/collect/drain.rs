@@ -6,7 +6,11 @@
 //! buffer alone: it reads every count and stack and deletes them, so stack ids
 //! are reclaimed each cycle and the maps never fill up with stale entries.
 
-use std::{collections::HashMap as StdHashMap, sync::Arc, time::Duration};
+use std::{
+    collections::{HashMap as StdHashMap, HashSet},
+    sync::Arc,
+    time::Duration,
+};
 
 use aya::maps::{Array, HashMap, IterableMap, MapData, MapError, PerCpuArray, RingBuf, StackTraceMap};
 use profiler_common::{
@@ -15,7 +19,8 @@ use profiler_common::{
 };
 
 use super::{
-    CollectError, batch,
+    CollectError,
+    batch::{self, Taken},
     clock::monotonic_now_ns,
     off_cpu::{ExactOffCpu, WaitsDrain},
     raw::{BpfCounters, CpuCredits, RawBatch, RawSample},
@@ -51,7 +56,10 @@ pub struct Drainer {
     spilled: RingBuf<MapData>,
     /// The generation the sampler writes to now (its buffer: `& 1`).
     generation: u32,
-    stack_ids: Vec<u32>,
+    /// Possible CPUs: the values of each per-CPU counter.
+    cpus: usize,
+    counter_values: Vec<u64>,
+    stacks: StackTaker,
     /// Reused by every drain (batch reads).
     count_keys: Vec<SampleKey>,
     count_values: Vec<SampleValue>,
@@ -80,7 +88,10 @@ impl Drainer {
             counters,
             spilled,
             generation: 0,
-            stack_ids: Vec::new(),
+            // aya sized the counters' per-CPU values by the same count.
+            cpus: aya::util::nr_cpus().map_or(1, |cpus| cpus.get() as usize),
+            counter_values: Vec::new(),
+            stacks: StackTaker::default(),
             count_keys: Vec::new(),
             count_values: Vec::new(),
             stack_keys: Vec::new(),
@@ -125,8 +136,9 @@ impl Drainer {
         self.generation = next;
         std::thread::sleep(FLIP_GRACE);
 
+        let counters = self.read_counters()?;
         let mut batch = RawBatch {
-            counters: self.read_counters()?,
+            counters,
             ..RawBatch::default()
         };
         let (keys, values) = (&mut self.count_keys, &mut self.count_values);
@@ -143,7 +155,8 @@ impl Drainer {
             }));
         batch.read_errors += match &mut self.user_stacks {
             UserStackMaps::StackTraces(maps) => {
-                drain_stacks(&mut maps[old], &mut self.stack_ids, &mut batch.user_stacks)
+                let used = stacks_named(&batch.samples, drained, |key| key.user_stack_id);
+                self.stacks.drain(&mut maps[old], used, &mut batch.user_stacks)
             }
             UserStackMaps::Unwound(maps) => drain_unwound(
                 [&maps.stacks[old], &maps.tails[old]],
@@ -152,11 +165,10 @@ impl Drainer {
                 &mut batch.user_stacks,
             ),
         };
-        batch.read_errors += drain_stacks(
-            &mut self.kernel_stacks[old],
-            &mut self.stack_ids,
-            &mut batch.kernel_stacks,
-        );
+        let used = stacks_named(&batch.samples, drained, |key| key.kernel_stack_id);
+        batch.read_errors += self
+            .stacks
+            .drain(&mut self.kernel_stacks[old], used, &mut batch.kernel_stacks);
         self.drain_spilled(&mut batch, drained);
         if let Some((ledger, clock)) = &mut self.cpu {
             let cpu_before = crate::thread_cpu_ns();
@@ -227,9 +239,17 @@ impl Drainer {
         }
     }
 
-    /// The BPF counters now, summed over CPUs.
-    pub fn read_counters(&self) -> Result<BpfCounters, CollectError> {
+    /// The BPF counters now, summed over CPUs: one batch read (a lookup
+    /// per counter where this kernel cannot).
+    pub fn read_counters(&mut self) -> Result<BpfCounters, CollectError> {
         let mut totals = BpfCounters::default();
+        let values = &mut self.counter_values;
+        if batch::read_per_cpu_array(self.counters.map(), Counter::COUNT, self.cpus, values).is_ok() {
+            for (total, per_cpu) in totals.0.iter_mut().zip(values.chunks_exact(self.cpus)) {
+                *total = per_cpu.iter().sum();
+            }
+            return Ok(totals);
+        }
         for counter in Counter::ALL {
             let per_cpu = self
                 .counters
@@ -244,29 +264,107 @@ impl Drainer {
     }
 }
 
-/// Reads and deletes every stack of a stack-trace map; returns the error count.
-fn drain_stacks(
-    map: &mut StackTraceMap<MapData>,
-    ids: &mut Vec<u32>,
-    out: &mut StdHashMap<u32, Arc<[u64]>>,
-) -> u64 {
-    let mut errors = 0;
-    ids.clear();
-    ids.extend(map.stack_ids().filter_map(|id| id.map_err(|_| errors += 1).ok()));
-    for id in ids.iter() {
-        match map.get(id, 0) {
-            Ok(stack) => {
-                out.insert(*id, stack.frames().iter().map(|frame| frame.ip).collect());
-            }
-            // Deleted between listing and reading: nothing to keep.
-            Err(MapError::KeyNotFound) => {}
-            Err(_) => errors += 1,
-        }
-        if map.remove(id).is_err() {
-            errors += 1;
+/// Reads and deletes every stack of a stack-trace map.
+struct StackTaker {
+    ids: Vec<u32>,
+    used: HashSet<u32>,
+    frames: Box<[u64; MAX_STACK_DEPTH]>,
+    /// This kernel reads and deletes stack traces in one call.
+    apart: bool,
+}
+
+impl Default for StackTaker {
+    fn default() -> Self {
+        Self {
+            ids: Vec::new(),
+            used: HashSet::new(),
+            frames: Box::new([0; MAX_STACK_DEPTH]),
+            apart: false,
         }
     }
-    errors
+}
+
+impl StackTaker {
+    /// Every stack of `map` into `out`, the map left empty; returns the
+    /// error count. `used`: the ids the drained samples name, taken first
+    /// by id, one call each; the rest (the stacks of waits still going on,
+    /// of samples lost after their walk) are listed, two calls each.
+    fn drain(
+        &mut self,
+        map: &mut StackTraceMap<MapData>,
+        used: impl Iterator<Item = i32>,
+        out: &mut StdHashMap<u32, Arc<[u64]>>,
+    ) -> u64 {
+        let mut errors = 0;
+        self.used.clear();
+        self.used.extend(used.filter_map(|id| u32::try_from(id).ok()));
+        if !self.apart {
+            for id in self.used.drain() {
+                match batch::take(map.map(), &id, &mut *self.frames) {
+                    Ok(Taken::Read) => {
+                        out.insert(id, frames_of(&self.frames));
+                    }
+                    Ok(Taken::Absent) => {}
+                    Ok(Taken::Unsupported) => {
+                        tracing::debug!("this kernel reads and deletes stack traces apart");
+                        self.apart = true;
+                        break;
+                    }
+                    Err(_) => errors += 1,
+                }
+            }
+        }
+        self.ids.clear();
+        self.ids
+            .extend(map.stack_ids().filter_map(|id| id.map_err(|_| errors += 1).ok()));
+        for id in &self.ids {
+            if !self.apart {
+                match batch::take(map.map(), id, &mut *self.frames) {
+                    Ok(Taken::Read) => {
+                        out.insert(*id, frames_of(&self.frames));
+                        continue;
+                    }
+                    // Deleted between listing and reading: nothing to keep.
+                    Ok(Taken::Absent) => continue,
+                    Ok(Taken::Unsupported) => self.apart = true,
+                    Err(_) => {
+                        errors += 1;
+                        continue;
+                    }
+                }
+            }
+            match map.get(id, 0) {
+                Ok(stack) => {
+                    out.insert(*id, stack.frames().iter().map(|frame| frame.ip).collect());
+                }
+                Err(MapError::KeyNotFound) => {}
+                Err(_) => errors += 1,
+            }
+            if map.remove(id).is_err() {
+                errors += 1;
+            }
+        }
+        errors
+    }
+}
+
+/// The stack ids the samples name in the maps of `generation` (the waits
+/// that ended now name the maps of the generation they began in).
+fn stacks_named(
+    samples: &[RawSample],
+    generation: u32,
+    id: impl Fn(&SampleKey) -> i32,
+) -> impl Iterator<Item = i32> {
+    samples
+        .iter()
+        .filter(move |sample| sample.key.generation == generation)
+        .map(move |sample| id(&sample.key))
+}
+
+/// A stack trace's frames: up to its first 0 (the kernel zeroes the rest).
+fn frames_of(frames: &[u64; MAX_STACK_DEPTH]) -> Arc<[u64]> {
+    let len = frames.iter().position(|&ip| ip == 0).unwrap_or(frames.len());
+    frames[..len].into()
 }
 
 /// Reads and deletes every stack of an unwound-stacks map and its tails
