@@ -1,6 +1,7 @@
 /* Shared helpers for the test workloads: a fixed amount of integer work per
  * call, so CPU splits come from instruction counts, not from timing. */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -23,4 +24,30 @@ static double now_seconds(void) {
 
 static double seconds_arg(int argc, char **argv, double fallback) {
     return argc > 1 ? atof(argv[1]) : fallback;
+}
+
+/* Clocks in ns; helpers of the workloads that time themselves for the
+ * tests (static inline: no warning where a workload uses none). */
+static inline int64_t mono_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static inline int64_t thread_cpu_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* A field of a stats file shared with the test: stored whole, after what
+ * it sums up. */
+static inline void put(int64_t *field, int64_t value) {
+    __atomic_store_n(field, value, __ATOMIC_RELEASE);
+}
+
+/* perror and exit(1). */
+static inline void fail(const char *what) {
+    perror(what);
+    exit(1);
 }

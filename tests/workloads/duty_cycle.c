@@ -47,23 +47,6 @@ struct rhythm {
 
 static long long end_ns;
 
-static long long mono_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
-static long long thread_cpu_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
-static void die(const char *what) {
-    perror(what);
-    exit(1);
-}
-
 /* Beats PERCENT of every PERIOD_NS until the thread ran CPU_BUDGET_NS more
  * (0: no budget) or the monotonic clock passed END (0: never). */
 __attribute__((noinline)) void beat(long long period_ns, int percent, long long cpu_budget_ns, long long end) {
@@ -95,7 +78,7 @@ static void *run_rhythm(void *arg) {
     pthread_setname_np(pthread_self(), rhythm->name);
     if (rhythm->percent >= 100) {
         /* Below every rhythm thread: it takes only the CPU they leave. */
-        if (setpriority(PRIO_PROCESS, gettid(), 19) != 0) die("setpriority");
+        if (setpriority(PRIO_PROCESS, gettid(), 19) != 0) fail("setpriority");
         spin_until(end_ns);
     } else {
         beat(rhythm->period_ns, rhythm->percent, 0, end_ns);
@@ -136,7 +119,7 @@ static int rhythms(int argc, char **argv) {
     int count = argc - 3;
     for (int i = 0; i < count; i++) parse_spec(argv[3 + i], &specs[i]);
     for (int i = 0; i < count; i++)
-        if (pthread_create(&threads[i], NULL, run_rhythm, &specs[i]) != 0) die("pthread_create");
+        if (pthread_create(&threads[i], NULL, run_rhythm, &specs[i]) != 0) fail("pthread_create");
     for (int i = 0; i < count; i++) pthread_join(threads[i], NULL);
     return 0;
 }
@@ -162,15 +145,15 @@ static int exit_exec(void) {
     while (thread_cpu_ns() - from < 300000000LL) WORK(500, x);
     printf("ready\n");
     char line[64];
-    if (!fgets(line, sizeof line, stdin)) die("reading the go-ahead");
+    if (!fgets(line, sizeof line, stdin)) fail("reading the go-ahead");
     pthread_t thread;
     static struct exiting exiting;
-    if (pthread_create(&thread, NULL, run_exiting, &exiting) != 0) die("pthread_create");
+    if (pthread_create(&thread, NULL, run_exiting, &exiting) != 0) fail("pthread_create");
     pthread_join(thread, NULL);
     printf("exited %lld %lld\n", exiting.tid, exiting.cpu_ns);
     beat(EXIT_EXEC_PERIOD_NS, EXIT_EXEC_PERCENT, MAIN_CPU_NS, 0);
     execl("/proc/self/exe", "duty_cycle", "after-exec", (char *)NULL);
-    die("execl /proc/self/exe");
+    fail("execl /proc/self/exe");
     return 1;
 }
 

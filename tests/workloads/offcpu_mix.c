@@ -58,26 +58,10 @@ static struct stats *stats;
 static int request_pipe[2], data_pipe[2], idle_pipe[2];
 static const char *stats_path;
 
-static int64_t mono_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
 static int64_t unix_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return ts.tv_sec * 1000LL + ts.tv_nsec / 1000000;
-}
-
-static int64_t thread_cpu_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
-static void put(int64_t *field, int64_t value) {
-    __atomic_store_n(field, value, __ATOMIC_RELEASE);
 }
 
 /* A relative sleep that a signal (SIGSTOP/SIGCONT from the test) does not cut short. */
@@ -87,20 +71,15 @@ static void sleep_ns(int64_t ns) {
     }
 }
 
-static void die(const char *what) {
-    perror(what);
-    exit(1);
-}
-
 __attribute__((noinline)) void sleep_phase(void) {
     sleep_ns(SLEEP_NS);
 }
 
 __attribute__((noinline)) void pipe_phase(void) {
     char byte = 1;
-    if (write(request_pipe[1], &byte, 1) != 1) die("write request");
+    if (write(request_pipe[1], &byte, 1) != 1) fail("write request");
     while (read(data_pipe[0], &byte, 1) != 1) {
-        if (errno != EINTR) die("read data");
+        if (errno != EINTR) fail("read data");
     }
 }
 
@@ -138,7 +117,7 @@ static void *feeder(void *unused) {
     char byte;
     while (read(request_pipe[0], &byte, 1) == 1) {
         sleep_ns(PIPE_WAIT_NS);
-        if (write(data_pipe[1], &byte, 1) != 1) die("write data");
+        if (write(data_pipe[1], &byte, 1) != 1) fail("write data");
     }
     return NULL;
 }
@@ -152,7 +131,7 @@ __attribute__((noinline)) void idle_read_forever(int fd) {
 
 static pid_t start_idle_reader(void) {
     pid_t pid = fork();
-    if (pid < 0) die("fork");
+    if (pid < 0) fail("fork");
     if (pid == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         close(idle_pipe[1]);
@@ -188,31 +167,31 @@ static void *short_thread(void *slot) {
 /* An exec'd copy of this program: offcpu_mix --short-exec STATS_FILE INDEX. */
 __attribute__((noinline)) void run_short_exec(int64_t index) {
     pid_t pid = fork();
-    if (pid < 0) die("fork");
+    if (pid < 0) fail("fork");
     if (pid == 0) {
         char slot[24];
         snprintf(slot, sizeof slot, "%lld", (long long)index);
         execl("/proc/self/exe", "offcpu_mix", "--short-exec", stats_path, slot, (char *)NULL);
         _exit(127);
     }
-    if (waitpid(pid, NULL, 0) != pid) die("waitpid");
+    if (waitpid(pid, NULL, 0) != pid) fail("waitpid");
 }
 
 /* Async-signal-safe calls only in the child: it was forked from a threaded process. */
 __attribute__((noinline)) void run_short_process(struct short_waiter *slot) {
     pid_t pid = fork();
-    if (pid < 0) die("fork");
+    if (pid < 0) fail("fork");
     if (pid == 0) {
         prctl(PR_SET_NAME, "shortproc");
         short_wait(slot);
         _exit(0);
     }
-    if (waitpid(pid, NULL, 0) != pid) die("waitpid");
+    if (waitpid(pid, NULL, 0) != pid) fail("waitpid");
 }
 
 __attribute__((noinline)) void run_short_thread(struct short_waiter *slot) {
     pthread_t thread;
-    if (pthread_create(&thread, NULL, short_thread, slot) != 0) die("pthread_create");
+    if (pthread_create(&thread, NULL, short_thread, slot) != 0) fail("pthread_create");
     pthread_join(thread, NULL);
 }
 
@@ -241,9 +220,9 @@ static void *spawner(void *count) {
 static void map_stats(const char *path, int flags) {
     stats_path = path;
     int fd = open(path, O_RDWR | flags, 0644);
-    if (fd < 0 || ftruncate(fd, sizeof(struct stats)) != 0) die(path);
+    if (fd < 0 || ftruncate(fd, sizeof(struct stats)) != 0) fail(path);
     stats = mmap(NULL, sizeof(struct stats), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (stats == MAP_FAILED) die("mmap");
+    if (stats == MAP_FAILED) fail("mmap");
     close(fd);
 }
 
@@ -269,17 +248,17 @@ int main(int argc, char **argv) {
     double seconds = atof(argv[2]);
     long shorts = argc > 3 ? atol(argv[3]) : 0;
     map_stats(argv[1], O_CREAT | O_TRUNC);
-    if (pipe(idle_pipe)) die("pipe");
+    if (pipe(idle_pipe)) fail("pipe");
     /* Forked while single-threaded, before the other pipes: the child must
      * not hold the request pipe's write end open (the feeder ends at its EOF). */
     put(&stats->idle_reader_pid, start_idle_reader());
-    if (pipe(request_pipe) || pipe(data_pipe)) die("pipe");
+    if (pipe(request_pipe) || pipe(data_pipe)) fail("pipe");
     put(&stats->worker_pid, getpid());
     put(&stats->worker_tid, gettid());
     pthread_t feeder_thread, spawner_thread;
-    if (pthread_create(&feeder_thread, NULL, feeder, NULL) != 0) die("pthread_create");
+    if (pthread_create(&feeder_thread, NULL, feeder, NULL) != 0) fail("pthread_create");
     if (shorts > 0 && pthread_create(&spawner_thread, NULL, spawner, (void *)(intptr_t)shorts) != 0)
-        die("pthread_create");
+        fail("pthread_create");
     /* After the threads are created: they would start with this name. */
     pthread_setname_np(pthread_self(), "mixworker");
     worker_main(seconds);

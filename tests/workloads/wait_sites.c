@@ -37,24 +37,9 @@ struct stats {
 static struct stats *stats;
 static int request_pipe[2], answer_pipe[2];
 
-static int64_t mono_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
-static void put(int64_t *field, int64_t value) {
-    __atomic_store_n(field, value, __ATOMIC_RELEASE);
-}
-
-static void die(const char *what) {
-    perror(what);
-    exit(1);
-}
-
 static void read_byte(int fd, char *byte) {
     while (read(fd, byte, 1) != 1) {
-        if (errno != EINTR) die("read");
+        if (errno != EINTR) fail("read");
     }
 }
 
@@ -62,7 +47,7 @@ static void read_byte(int fd, char *byte) {
  * timed from before the request's write. Returns its ns. */
 static int64_t ask(char spin) {
     int64_t start = mono_ns();
-    if (write(request_pipe[1], &spin, 1) != 1) die("write request");
+    if (write(request_pipe[1], &spin, 1) != 1) fail("write request");
     char answer;
     read_byte(answer_pipe[0], &answer);
     return mono_ns() - start;
@@ -87,7 +72,7 @@ static void *answerer(void *arg) {
         uint64_t x = 1;
         while (mono_ns() < until) WORK(50, x);
         sink = x;
-        if (write(answer_pipe[1], &request, 1) != 1) die("write answer");
+        if (write(answer_pipe[1], &request, 1) != 1) fail("write answer");
     }
     return NULL;
 }
@@ -113,16 +98,16 @@ int main(int argc, char **argv) {
         return 2;
     }
     int fd = open(argv[1], O_RDWR | O_CREAT | O_TRUNC, 0600);
-    if (fd < 0) die("open stats");
-    if (ftruncate(fd, sizeof(struct stats)) != 0) die("ftruncate");
+    if (fd < 0) fail("open stats");
+    if (ftruncate(fd, sizeof(struct stats)) != 0) fail("ftruncate");
     stats = mmap(NULL, sizeof(struct stats), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (stats == MAP_FAILED) die("mmap");
+    if (stats == MAP_FAILED) fail("mmap");
     prctl(PR_SET_NAME, "sitewaiter");
     put(&stats->pid, getpid());
     put(&stats->waiter_tid, gettid());
-    if (pipe(request_pipe) != 0 || pipe(answer_pipe) != 0) die("pipe");
+    if (pipe(request_pipe) != 0 || pipe(answer_pipe) != 0) fail("pipe");
     pthread_t thread;
-    if (pthread_create(&thread, NULL, answerer, NULL) != 0) die("pthread_create");
+    if (pthread_create(&thread, NULL, answerer, NULL) != 0) fail("pthread_create");
     waiter_main(atof(argv[2]));
     return 0;
 }

@@ -29,6 +29,7 @@
 
 mod process;
 pub(super) mod read;
+mod readings;
 mod settle;
 
 use std::{
@@ -42,6 +43,7 @@ use profiler_common::{
 
 use super::raw::{CpuCredits, RawBatch};
 use process::{ThreadsNow, credit_process};
+pub use readings::{Changes, NewThread, ProcessReading, Readings, ThreadReading};
 
 /// Stack ids the ledger gives kept stacks in a batch: above the spilled
 /// ones (from SPILLED_STACK_ID_BASE, ~250 a drain) and below the off-CPU
@@ -56,44 +58,6 @@ pub(super) const MAX_FOLLOWED_THREADS: usize = CPU_FOLLOWED_ENTRIES as usize;
 /// A process rests (is no longer read) after this long without CPU.
 const REST_AFTER_NS: u64 = 60_000_000_000;
 
-/// One process's threads as read at a drain.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ProcessReading {
-    pub threads: Vec<ThreadReading>,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ThreadReading {
-    pub tid: u32,
-    /// `se.sum_exec_runtime`, ns; None when it could not be read (the
-    /// thread is then left as it was).
-    pub runtime_ns: Option<u64>,
-    /// Read for threads the ledger does not know yet.
-    pub new: Option<NewThread>,
-}
-
-/// What is read of a thread the ledger meets for the first time.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct NewThread {
-    pub comm: [u8; COMM_LEN],
-    /// Started since the previous drain's reads: none of its CPU was
-    /// credited but by its samples (whose first carries all its time).
-    /// None: unknown.
-    pub started_since_previous: Option<bool>,
-    /// Its runtime at its last sample (the sampler's THREAD_TIMES), if any.
-    pub sampled_ns: Option<u64>,
-}
-
-/// What a drain read: each process to read (None: gone), and the exits
-/// recorded since the previous drain, by tid.
-#[derive(Debug, Default)]
-pub struct Readings {
-    pub processes: Vec<(u32, Option<ProcessReading>)>,
-    pub exits: Vec<(u32, ThreadExit)>,
-    /// Processes whose threads grew past what may be read: no longer followed.
-    pub too_many: Vec<u32>,
-}
-
 #[derive(Debug, Default)]
 pub struct CpuLedger {
     processes: HashMap<u32, Followed>,
@@ -107,15 +71,6 @@ pub struct CpuLedger {
     stopped: Vec<u32>,
     /// (tid, credited ns) of the threads of processes evicted since.
     evicted: Vec<(u32, u64)>,
-}
-
-/// What the sampler is told after a drain (see [`CpuLedger::take_changes`]).
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct Changes {
-    pub started: Vec<u32>,
-    pub stopped: Vec<u32>,
-    /// (tid, CPU time it was credited up to): its sampling baseline.
-    pub credited: Vec<(u32, u64)>,
 }
 
 #[derive(Debug)]
