@@ -75,17 +75,8 @@ pub fn read_all<K: Pod, V: Pod>(
             ..BatchAttr::default()
         };
         // SAFETY: the attribute points at valid buffers for `count` keys and
-        // values and at two u64 tokens, all alive for the call; the kernel
-        // reads `size_of::<BatchAttr>()` bytes of `attr` and writes `count`.
-        let result = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                command,
-                &raw mut attr,
-                size_of::<BatchAttr>() as libc::c_uint,
-            )
-        };
-        let error = (result < 0).then(io::Error::last_os_error);
+        // values and at two u64 tokens, all alive for the call.
+        let error = unsafe { batch_call(command, &mut attr) };
         let read = (attr.count as usize).min(batch);
         // SAFETY: the kernel wrote `read` whole entries (Pod: any bytes are
         // valid) into the reserved space.
@@ -105,6 +96,26 @@ pub fn read_all<K: Pod, V: Pod>(
             _ => return Err(error.unwrap_or_else(|| io::Error::other("batch read failed"))),
         }
     }
+}
+
+/// Runs one batch command; the error it returned, if any (`attr.count`
+/// then says how many entries it wrote).
+///
+/// # Safety
+/// `attr`'s pointers name buffers for `attr.count` keys and values of the
+/// map's sizes and two position tokens, alive for the call: the kernel reads
+/// `size_of::<BatchAttr>()` bytes of `attr` and writes through them.
+unsafe fn batch_call(command: libc::c_long, attr: &mut BatchAttr) -> Option<io::Error> {
+    // SAFETY: the caller's promise above.
+    let result = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            command,
+            std::ptr::from_mut(attr),
+            size_of::<BatchAttr>() as libc::c_uint,
+        )
+    };
+    (result < 0).then(io::Error::last_os_error)
 }
 
 /// The `BPF_MAP_*_ELEM` members of `union bpf_attr`.
@@ -190,18 +201,10 @@ pub fn read_per_cpu_array(map: &MapData, entries: u32, cpus: usize, values: &mut
             map_fd: fd,
             ..BatchAttr::default()
         };
-        // SAFETY: as in `read_all`: valid buffers for `count` keys and
-        // values (`cpus` u64 each, the kernel's per-CPU value of a u64 array)
-        // and two tokens, alive for the call.
-        let result = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_MAP_LOOKUP_BATCH,
-                &raw mut attr,
-                size_of::<BatchAttr>() as libc::c_uint,
-            )
-        };
-        let error = (result < 0).then(io::Error::last_os_error);
+        // SAFETY: valid buffers for `count` keys and values (`cpus` u64
+        // each, the kernel's per-CPU value of a u64 array) and two tokens,
+        // alive for the call.
+        let error = unsafe { batch_call(BPF_MAP_LOOKUP_BATCH, &mut attr) };
         done += (attr.count as usize).min(total - done);
         match error.as_ref().and_then(io::Error::raw_os_error) {
             None => position = next,
