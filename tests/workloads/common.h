@@ -1,5 +1,7 @@
 /* Shared helpers for the test workloads: a fixed amount of integer work per
- * call, so CPU splits come from instruction counts, not from timing. */
+ * call, so CPU splits come from instruction counts, not from timing; and,
+ * below, the clocks and stats-file helpers of the workloads that time
+ * themselves for the tests. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,8 +28,7 @@ static double seconds_arg(int argc, char **argv, double fallback) {
     return argc > 1 ? atof(argv[1]) : fallback;
 }
 
-/* Clocks in ns; helpers of the workloads that time themselves for the
- * tests (static inline: no warning where a workload uses none). */
+/* Clocks in ns. */
 static inline int64_t mono_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -1,11 +1,12 @@
 //! Reading BPF maps with as few system calls as the kernel allows: hash
-//! maps and per-CPU arrays in batches (`BPF_MAP_LOOKUP_BATCH` and
+//! maps in batches (`BPF_MAP_LOOKUP_BATCH` and
 //! `BPF_MAP_LOOKUP_AND_DELETE_BATCH`, Linux 5.6), one call per few hundred
 //! entries where an iteration costs two or three per entry (next key,
-//! lookup, delete), and a stack trace read and deleted in one call
-//! (`BPF_MAP_LOOKUP_AND_DELETE_ELEM`). At every drain that is the difference
-//! between a few and a few thousand system calls. aya has none of these,
-//! hence this.
+//! lookup, delete); a per-CPU array in one call; a stack trace read and
+//! deleted in one call (`BPF_MAP_LOOKUP_AND_DELETE_ELEM`). The last two
+//! depend on the kernel: their callers fall back to a call per entry. At
+//! every drain that is the difference between a few and a few thousand
+//! system calls. aya has none of these, hence this.
 
 use std::{
     io,
@@ -129,6 +130,10 @@ struct ElemAttr {
     flags: u64,
 }
 
+// The kernel reads these many bytes of each: its `union bpf_attr` members
+// for the two commands, laid out as above.
+const _: () = assert!(size_of::<ElemAttr>() == 32 && size_of::<BatchAttr>() == 56);
+
 /// What [`take`] found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Taken {
@@ -137,13 +142,18 @@ pub enum Taken {
     /// No such key.
     Absent,
     /// This kernel cannot read and delete this map's entries in one call
-    /// (stack-trace maps before Linux 6.x): read and delete them apart.
+    /// (stack-trace maps: this VM's 6.18 can, older kernels answer
+    /// ENOTSUPP): read and delete them apart.
     Unsupported,
 }
 
 /// Reads the value of `key` into `value` and deletes the entry, in one
-/// system call. `V` must be the map's value (its `value_size` bytes).
-pub fn take<K: Pod, V: Pod>(map: &MapData, key: &K, value: &mut V) -> io::Result<Taken> {
+/// system call.
+///
+/// # Safety
+/// `K` and `V` are the map's key and value: the kernel reads `key_size`
+/// bytes of `key` and writes `value_size` bytes into `value`.
+pub unsafe fn take<K: Pod, V: Pod>(map: &MapData, key: &K, value: &mut V) -> io::Result<Taken> {
     let mut attr = ElemAttr {
         map_fd: map.fd().as_fd().as_raw_fd() as u32,
         key: std::ptr::from_ref(key) as u64,
@@ -151,7 +161,7 @@ pub fn take<K: Pod, V: Pod>(map: &MapData, key: &K, value: &mut V) -> io::Result
         ..ElemAttr::default()
     };
     // SAFETY: the attribute points at a key and a value of the map's sizes
-    // (the caller's types), alive for the call; the kernel reads
+    // (the caller's promise), alive for the call; the kernel reads
     // `size_of::<ElemAttr>()` bytes of `attr` and writes one value.
     let result = unsafe {
         libc::syscall(
@@ -176,14 +186,26 @@ pub fn take<K: Pod, V: Pod>(map: &MapData, key: &K, value: &mut V) -> io::Result
 }
 
 /// Every entry of a per-CPU array of u64 (keys 0..`entries`), `cpus`
-/// values each (the possible CPUs), entry after entry into `values`
-/// (cleared first): one system call where a lookup per entry took
+/// values each, entry after entry into `values` (cleared first; `keys`
+/// holds the keys read): one system call where a lookup per entry took
 /// `entries`.
-pub fn read_per_cpu_array(map: &MapData, entries: u32, cpus: usize, values: &mut Vec<u64>) -> io::Result<()> {
+///
+/// # Safety
+/// `map` is a per-CPU array of u64 of at least `entries` entries, and
+/// `cpus` the possible CPUs: the kernel writes 8 bytes per possible CPU for
+/// each entry.
+pub unsafe fn read_per_cpu_array(
+    map: &MapData,
+    entries: u32,
+    cpus: usize,
+    keys: &mut Vec<u32>,
+    values: &mut Vec<u64>,
+) -> io::Result<()> {
     let total = entries as usize;
     values.clear();
     values.resize(total * cpus, 0);
-    let mut keys = vec![0_u32; total];
+    keys.clear();
+    keys.resize(total, 0);
     let fd = map.fd().as_fd().as_raw_fd() as u32;
     // An array's position token is its last key read (u32; u64 leaves room).
     let mut position: u64 = 0;
@@ -202,13 +224,13 @@ pub fn read_per_cpu_array(map: &MapData, entries: u32, cpus: usize, values: &mut
             ..BatchAttr::default()
         };
         // SAFETY: valid buffers for `count` keys and values (`cpus` u64
-        // each, the kernel's per-CPU value of a u64 array) and two tokens,
-        // alive for the call.
+        // each, the kernel's per-CPU value of a u64 array: the caller's
+        // promise) and two tokens, alive for the call.
         let error = unsafe { batch_call(BPF_MAP_LOOKUP_BATCH, &mut attr) };
         done += (attr.count as usize).min(total - done);
         match error.as_ref().and_then(io::Error::raw_os_error) {
             None => position = next,
-            Some(libc::ENOENT) if done == total => return Ok(()),
+            Some(libc::ENOENT) if done == total => break,
             _ => return Err(error.unwrap_or_else(|| io::Error::other("batch read failed"))),
         }
         if attr.count == 0 {

@@ -56,8 +56,10 @@ pub struct Drainer {
     spilled: RingBuf<MapData>,
     /// The generation the sampler writes to now (its buffer: `& 1`).
     generation: u32,
-    /// Possible CPUs: the values of each per-CPU counter.
-    cpus: usize,
+    /// The possible CPUs (the values of each per-CPU counter) while the
+    /// counters are read in one call; None: a lookup per counter.
+    counters_batch: Option<usize>,
+    counter_keys: Vec<u32>,
     counter_values: Vec<u64>,
     stacks: StackTaker,
     /// Reused by every drain (batch reads).
@@ -88,8 +90,10 @@ impl Drainer {
             counters,
             spilled,
             generation: 0,
-            // aya sized the counters' per-CPU values by the same count.
-            cpus: aya::util::nr_cpus().map_or(1, |cpus| cpus.get() as usize),
+            // The count aya sizes its own per-CPU reads by; unknown, the
+            // counters are read one by one (aya's reads then fail loudly).
+            counters_batch: aya::util::nr_cpus().ok().map(|cpus| cpus.get() as usize),
+            counter_keys: Vec::new(),
             counter_values: Vec::new(),
             stacks: StackTaker::default(),
             count_keys: Vec::new(),
@@ -243,12 +247,28 @@ impl Drainer {
     /// per counter where this kernel cannot).
     pub fn read_counters(&mut self) -> Result<BpfCounters, CollectError> {
         let mut totals = BpfCounters::default();
-        let values = &mut self.counter_values;
-        if batch::read_per_cpu_array(self.counters.map(), Counter::COUNT, self.cpus, values).is_ok() {
-            for (total, per_cpu) in totals.0.iter_mut().zip(values.chunks_exact(self.cpus)) {
-                *total = per_cpu.iter().sum();
+        if let Some(cpus) = self.counters_batch {
+            let (keys, values) = (&mut self.counter_keys, &mut self.counter_values);
+            // SAFETY: COUNTERS is a per-CPU array of u64 with
+            // Counter::COUNT entries (profiler-ebpf's main.rs), and `cpus`
+            // the possible CPUs.
+            match unsafe {
+                batch::read_per_cpu_array(self.counters.map(), Counter::COUNT, cpus, keys, values)
+            } {
+                Ok(()) => {
+                    for (total, per_cpu) in totals.0.iter_mut().zip(values.chunks_exact(cpus)) {
+                        *total = per_cpu.iter().sum();
+                    }
+                    return Ok(totals);
+                }
+                Err(err) => {
+                    tracing::debug!(
+                        "reading {} in one call: {err}; one call per counter from now on",
+                        maps::COUNTERS
+                    );
+                    self.counters_batch = None;
+                }
             }
-            return Ok(totals);
         }
         for counter in Counter::ALL {
             let per_cpu = self
@@ -269,9 +289,14 @@ struct StackTaker {
     ids: Vec<u32>,
     used: HashSet<u32>,
     frames: Box<[u64; MAX_STACK_DEPTH]>,
-    /// This kernel reads and deletes stack traces in one call.
+    /// This kernel cannot read and delete a stack trace in one call: each
+    /// is read, then deleted.
     apart: bool,
 }
+
+// `frames` is a stack-trace map's value: aya-ebpf's `StackTrace` holds
+// PERF_MAX_STACK_DEPTH frames.
+const _: () = assert!(MAX_STACK_DEPTH == aya_obj::generated::PERF_MAX_STACK_DEPTH as usize);
 
 impl Default for StackTaker {
     fn default() -> Self {
@@ -288,7 +313,8 @@ impl StackTaker {
     /// Every stack of `map` into `out`, the map left empty; returns the
     /// error count. `used`: the ids the drained samples name, taken first
     /// by id, one call each; the rest (the stacks of waits still going on,
-    /// of samples lost after their walk) are listed, two calls each.
+    /// of samples lost after their walk, and any pass 1 could not take)
+    /// are listed, two calls each.
     fn drain(
         &mut self,
         map: &mut StackTraceMap<MapData>,
@@ -299,52 +325,67 @@ impl StackTaker {
         self.used.clear();
         self.used.extend(used.filter_map(|id| u32::try_from(id).ok()));
         if !self.apart {
-            for id in self.used.drain() {
-                match batch::take(map.map(), &id, &mut *self.frames) {
-                    Ok(Taken::Read) => {
-                        out.insert(id, frames_of(&self.frames));
-                    }
-                    Ok(Taken::Absent) => {}
-                    Ok(Taken::Unsupported) => {
-                        tracing::debug!("this kernel reads and deletes stack traces apart");
-                        self.apart = true;
-                        break;
-                    }
-                    Err(_) => errors += 1,
+            // Out of `self` while `take` borrows it; put back to be reused.
+            let mut used = std::mem::take(&mut self.used);
+            for id in used.drain() {
+                // A failure here is left to the listing below, which tries
+                // the stack again and counts what fails there.
+                match self.take(map, id, out) {
+                    Ok(Taken::Read | Taken::Absent) | Err(_) => {}
+                    Ok(Taken::Unsupported) => break,
                 }
             }
+            self.used = used;
         }
         self.ids.clear();
         self.ids
             .extend(map.stack_ids().filter_map(|id| id.map_err(|_| errors += 1).ok()));
-        for id in &self.ids {
+        for index in 0..self.ids.len() {
+            let id = self.ids[index];
             if !self.apart {
-                match batch::take(map.map(), id, &mut *self.frames) {
-                    Ok(Taken::Read) => {
-                        out.insert(*id, frames_of(&self.frames));
-                        continue;
-                    }
+                match self.take(map, id, out) {
+                    Ok(Taken::Read) => continue,
                     // Deleted between listing and reading: nothing to keep.
                     Ok(Taken::Absent) => continue,
-                    Ok(Taken::Unsupported) => self.apart = true,
-                    Err(_) => {
-                        errors += 1;
-                        continue;
-                    }
+                    Ok(Taken::Unsupported) => {}
+                    Err(err) => tracing::debug!("taking stack {id}: {err}; reading and deleting it apart"),
                 }
             }
-            match map.get(id, 0) {
+            match map.get(&id, 0) {
                 Ok(stack) => {
-                    out.insert(*id, stack.frames().iter().map(|frame| frame.ip).collect());
+                    out.insert(id, stack.frames().iter().map(|frame| frame.ip).collect());
                 }
                 Err(MapError::KeyNotFound) => {}
                 Err(_) => errors += 1,
             }
-            if map.remove(id).is_err() {
+            if map.remove(&id).is_err() {
                 errors += 1;
             }
         }
         errors
+    }
+
+    /// One stack read and deleted in one call, into `out`.
+    fn take(
+        &mut self,
+        map: &StackTraceMap<MapData>,
+        id: u32,
+        out: &mut StdHashMap<u32, Arc<[u64]>>,
+    ) -> std::io::Result<Taken> {
+        // SAFETY: a stack-trace map's key is a u32 and its value
+        // MAX_STACK_DEPTH u64 (asserted above).
+        let taken = unsafe { batch::take(map.map(), &id, &mut *self.frames) }?;
+        match taken {
+            Taken::Read => {
+                out.insert(id, frames_of(&self.frames));
+            }
+            Taken::Absent => {}
+            Taken::Unsupported => {
+                tracing::debug!("this kernel reads and deletes stack traces in two calls");
+                self.apart = true;
+            }
+        }
+        Ok(taken)
     }
 }
 

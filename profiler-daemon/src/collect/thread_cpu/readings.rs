@@ -42,7 +42,7 @@ pub struct Readings {
     pub too_many: Vec<u32>,
 }
 
-/// What the sampler is told after a drain (see [`CpuLedger::take_changes`]).
+/// What the sampler is told after a drain (see [`super::CpuLedger::take_changes`]).
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Changes {
     pub started: Vec<u32>,
