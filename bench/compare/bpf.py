@@ -6,6 +6,7 @@ map_id. Other engineers' profilers may load and unload programs at any moment
 on this machine, so a before/after diff of `bpftool prog show` could pick
 theirs; the descriptors cannot. Maps only a program refers to (not held by
 the tool) are added from the programs' map_ids."""
+import contextlib
 import json
 import os
 import subprocess
@@ -142,6 +143,18 @@ def enable_stats():
     with open(STATS_SYSCTL, "w") as sysctl:
         sysctl.write("1")
     return before
+
+
+@contextlib.contextmanager
+def stats_off():
+    """`kernel.bpf_stats_enabled` off inside the block, back on after it."""
+    with open(STATS_SYSCTL, "w") as sysctl:
+        sysctl.write("0")
+    try:
+        yield
+    finally:
+        with open(STATS_SYSCTL, "w") as sysctl:
+            sysctl.write("1")
 
 
 def restore_stats(before):
