@@ -20,6 +20,7 @@ mod perf_map_text;
 mod positional;
 mod protocol;
 mod python_elf;
+mod resident;
 mod role;
 mod sandbox;
 mod server;

@@ -29,7 +29,7 @@ use super::{
     debug_file::{SYSTEM_DEBUG_DIR, system_debug_file},
     perf_map_text,
     positional::PositionalFile,
-    unwind_elf,
+    resident, unwind_elf,
 };
 use crate::symbolize::demangle::demangle;
 
@@ -49,6 +49,10 @@ pub fn serve(socket: OwnedFd) -> Result<(), ProtocolError> {
         let fd = fd.ok_or(ProtocolError::NoDescriptor)?;
         let response = worker.handle(&request, fd);
         protocol::send_frame(socket.as_fd(), &response, None)?;
+        // Answered first: the daemon need not wait for it.
+        if std::mem::take(&mut worker.parsed) {
+            resident::release_parsed_files();
+        }
     }
 }
 
@@ -79,6 +83,8 @@ struct Worker {
     blaze: Blaze,
     files: HashMap<FileIdentity, CachedFile>,
     clock: u64,
+    /// blazesym read files (mapped) for the request being served.
+    parsed: bool,
 }
 
 impl Worker {
@@ -93,6 +99,7 @@ impl Worker {
                 .build(),
             files: HashMap::new(),
             clock: 0,
+            parsed: false,
         }
     }
 
@@ -169,6 +176,7 @@ impl Worker {
         } else {
             let mut elf = Elf::new(source_path);
             elf.debug_syms = debug_syms;
+            self.parsed = true;
             match self
                 .blaze
                 .symbolize(&Source::Elf(elf), Input::VirtOffset(&wanted))
