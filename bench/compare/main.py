@@ -128,9 +128,10 @@ def bcc_kernel_source(work):
 
 
 def profilerd_missed(runs):
-    """Does profilerd miss one of its targets (at 99 Hz)?"""
+    """Does profilerd miss one of its targets at 99 Hz with its defaults? (The
+    self-profile looks at split with defaults: it cannot explain off-CPU's.)"""
     verdicts = report.targets(runs)
-    return any(v["met"] is False for v in verdicts)
+    return any(v["met"] is False and not v["target"].startswith("off-CPU") for v in verdicts)
 
 
 def main():

@@ -86,7 +86,10 @@ def measure(ctx, tool, workload, duration=None):
             detail = bpf.tool_bpf(root)
             run.update(bpf.summarize(detail))
             run["bpf"] = detail
-        rate_window(run, running)
+        if rate_window(run, running):
+            # The tools report the window's samples too: expected covers it.
+            workload_cpu = (process_cpu_ns(running.pid) or 0) - (workload_cpu_first or 0)
+            run["workload_cpu_s"] = workload_cpu / 1e9
 
         tool.before_stop(run, proc)
         stop_at = time.monotonic()
@@ -127,14 +130,17 @@ def rate_window(run, running):
     storm's ~500k switches/s they alone slowed it by ~2.5% with profilerd's
     off-CPU program (measured here), and nobody runs a profiler with them on.
     Every tool and the runs without one get the same window (the BPF figures
-    were read before it)."""
+    were read before it). The sysctl is one of the kernel's holders of the
+    statistics: a tool holding a BPF_ENABLE_STATS descriptor (bpftop) keeps
+    them on. True if the window ran."""
     if running.workload.name != "pingpong":
-        return
+        return False
     with bpf.stats_off():
         start = time.monotonic()
         time.sleep(RATE_WINDOW_S)
         run["pingpong_rate"] = running.pingpong_rate(start, time.monotonic())
     run["rate_window_s"] = RATE_WINDOW_S
+    return True
 
 
 def tool_frequency(tool):

@@ -121,7 +121,9 @@ class Profilerd(Profiler):
 
     def before_stop(self, run, tool):
         """The window's folded stacks of the measured process, and the BPF loss counters."""
-        seconds = max(1, round(self.ctx.duration))
+        # pingpong's rate window (measure.rate_window) runs before this query:
+        # its samples are asked for too, as the other tools report theirs.
+        seconds = max(1, round(self.ctx.duration + run.get("rate_window_s", 0)))
         started = time.monotonic()
         self.folded = http_get(self.url(f"/folded?pid={run['workload_pid']}&seconds={seconds}")).decode()
         run["query_s"] = time.monotonic() - started

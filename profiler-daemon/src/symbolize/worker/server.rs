@@ -51,7 +51,9 @@ pub fn serve(socket: OwnedFd) -> Result<(), ProtocolError> {
         protocol::send_frame(socket.as_fd(), &response, None)?;
         // Answered first: the daemon need not wait for it.
         if std::mem::take(&mut worker.parsed) {
-            resident::release_parsed_files();
+            // SAFETY: the worker process runs this one thread (blazesym
+            // spawns none): nothing maps or unmaps memory meanwhile.
+            unsafe { worker.release.after_parse() };
         }
     }
 }
@@ -85,6 +87,7 @@ struct Worker {
     clock: u64,
     /// blazesym read files (mapped) for the request being served.
     parsed: bool,
+    release: resident::Release,
 }
 
 impl Worker {
@@ -100,6 +103,7 @@ impl Worker {
             files: HashMap::new(),
             clock: 0,
             parsed: false,
+            release: resident::Release::new(),
         }
     }
 
