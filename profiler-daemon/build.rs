@@ -23,5 +23,53 @@ fn main() -> anyhow::Result<()> {
         }],
         aya_build::Toolchain::Custom(&toolchain),
     )
-    .context("building the BPF program (run scripts/setup.sh first: it installs the pinned nightly and bpf-linker)")
+    .context("building the BPF program (run scripts/setup.sh first: it installs the pinned nightly and bpf-linker)")?;
+    let object = std::path::PathBuf::from(std::env::var("OUT_DIR")?).join("profiler-ebpf");
+    strip_dwarf(&object).with_context(|| format!("dropping the DWARF of {}", object.display()))
+}
+
+/// Drops the BPF object's DWARF sections and their relocations, in place.
+///
+/// bpf-linker needs the debug info only to produce BTF; the kernel and aya
+/// read `.BTF` and `.BTF.ext`, never DWARF. The daemon embeds the object and
+/// parses it at start: with its DWARF and their relocations the object was
+/// 1.27 MB (0.75 MB of it resident in the daemon for good), 0.22 MB without.
+fn strip_dwarf(path: &std::path::Path) -> anyhow::Result<()> {
+    use object::build::elf::SectionData;
+    let data = std::fs::read(path)?;
+    let mut builder = object::build::elf::Builder::read(&*data)?;
+    let mut dwarf = Vec::new();
+    for section in builder.sections.iter_mut() {
+        if section.name.starts_with(b".debug_") {
+            section.delete = true;
+            dwarf.push(section.id());
+        }
+    }
+    // Relocation sections name the section they apply to in sh_info.
+    for section in builder.sections.iter_mut() {
+        if section
+            .sh_info_section
+            .is_some_and(|target| dwarf.contains(&target))
+        {
+            section.delete = true;
+        }
+    }
+    builder.delete_orphans();
+    // LLVM names sections out of the symbols' string table; the writer
+    // wants a section-name table of its own.
+    if !builder
+        .sections
+        .iter()
+        .any(|section| matches!(section.data, SectionData::SectionString))
+    {
+        let names = builder.sections.add();
+        names.name = b".shstrtab".as_slice().into();
+        names.sh_type = object::elf::SHT_STRTAB;
+        names.sh_addralign = 1;
+        names.data = SectionData::SectionString;
+    }
+    let mut stripped = Vec::new();
+    builder.write(&mut stripped)?;
+    std::fs::write(path, stripped)?;
+    Ok(())
 }

@@ -1,7 +1,7 @@
 //! One user-stack walk's state, shared by the native unwinder (`unwind`)
 //! and the Python frame walk (`python`), and the hash that names the stack.
 
-use profiler_common::{MAX_STACK_DEPTH, UnwoundStack};
+use profiler_common::{MAX_STACK_DEPTH, UnwindRow, UnwoundStack};
 
 /// FNV-1a over the frames: the stack's key in the unwound-stacks map.
 pub const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
@@ -37,6 +37,8 @@ pub struct Walk {
     /// `unwind::rows`): in the walk's own scratch, which no program that
     /// can interrupt this one on the CPU uses.
     pub(crate) opaque: u64,
+    /// The row `unwind::rows` found for the current frame.
+    pub(crate) row: UnwindRow,
     /// The next Python frame to record (see `python`); 0: none.
     pub py_frame: u64,
     /// Python frames recorded, and how the Python part ended.

@@ -72,6 +72,42 @@ fn opaque(slot: &mut u64, value: u32) -> u32 {
 /// The row for `pc`, or why there is none.
 #[inline(always)]
 pub(super) fn find_row(process: &UnwindProcess, pc: u64, walk: &mut Walk) -> Result<UnwindRow, UnwindEnd> {
+    match profilerd_find_row(process, pc, walk) {
+        FOUND => Ok(walk.row),
+        end if end == UnwindEnd::NoMapping as u32 => Err(UnwindEnd::NoMapping),
+        end if end == UnwindEnd::NoFramePointer as u32 => Err(UnwindEnd::NoFramePointer),
+        _ => Err(UnwindEnd::TableNotLoaded),
+    }
+}
+
+/// What [`profilerd_find_row`] returns when it put the row in `walk.row`
+/// (`UnwindEnd::Complete`, never one of its errors).
+const FOUND: u32 = UnwindEnd::Complete as u32;
+
+/// [`search`] as a global BPF function: the verifier checks a global
+/// function once, on its own, where it checks an inlined search at every
+/// place it is inlined (twice in a step of the walk) for every state the
+/// walk's step is entered with. Its arguments are plain memory to the
+/// verifier, which may be null.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn profilerd_find_row(process: *const UnwindProcess, pc: u64, walk: *mut Walk) -> u32 {
+    // SAFETY: the callers pass a live map value or null, which is checked.
+    let (Some(process), Some(walk)) = (unsafe { process.as_ref() }, unsafe { walk.as_mut() }) else {
+        return UnwindEnd::NoMapping as u32;
+    };
+    match search(process, pc, walk) {
+        Ok(row) => {
+            walk.row = row;
+            FOUND
+        }
+        Err(end) => end as u32,
+    }
+}
+
+/// The row for `pc`, or why there is none.
+#[inline(always)]
+fn search(process: &UnwindProcess, pc: u64, walk: &mut Walk) -> Result<UnwindRow, UnwindEnd> {
     let count = process.count as usize;
     let (mut lo, mut hi) = (0usize, count.min(MAX_UNWIND_MAPPINGS));
     let mut found = MAX_UNWIND_MAPPINGS;
