@@ -104,6 +104,15 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     if let Err(err) = sd_notify::notify(&[sd_notify::NotifyState::Ready]) {
         tracing::warn!("telling systemd we are ready failed: {err}");
     }
+    // Start-up is over: the pages of code it alone ran can go.
+    tokio::task::spawn_blocking(|| match crate::own_pages::release_startup_pages() {
+        Ok(released) => tracing::debug!(
+            bytes = released.bytes,
+            private_pages = released.private_pages,
+            "released the executable's start-up pages"
+        ),
+        Err(err) => tracing::warn!("releasing the executable's start-up pages: {}", Chain(&err)),
+    });
     // The signal's instant: the start of the stop budget.
     let (signalled, on_signal) = watch::channel(None);
     let shutdown = async move {

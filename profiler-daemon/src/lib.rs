@@ -29,6 +29,7 @@ pub mod entry;
 pub mod error;
 pub mod filter;
 pub mod kind;
+pub mod own_pages;
 pub mod pipeline;
 pub mod procfs;
 pub mod profile;
