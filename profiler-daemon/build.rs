@@ -25,6 +25,10 @@ fn main() -> anyhow::Result<()> {
     )
     .context("building the BPF program (run scripts/setup.sh first: it installs the pinned nightly and bpf-linker)")?;
     let object = std::path::PathBuf::from(std::env::var("OUT_DIR")?).join("profiler-ebpf");
+    if !object.exists() {
+        // AYA_BUILD_SKIP: nothing was built (and the daemon will not embed it).
+        return Ok(());
+    }
     strip_dwarf(&object).with_context(|| format!("dropping the DWARF of {}", object.display()))
 }
 
@@ -45,8 +49,13 @@ fn strip_dwarf(path: &std::path::Path) -> anyhow::Result<()> {
             dwarf.push(section.id());
         }
     }
-    // Relocation sections name the section they apply to in sh_info.
+    // Relocation sections name the section they apply to in sh_info; one
+    // that does not say so (no SHF_INFO_LINK, which LLVM sets) would keep
+    // an index that renumbering makes wrong: refused rather than guessed.
     for section in builder.sections.iter_mut() {
+        if matches!(section.data, SectionData::Relocation(_)) && section.sh_info_section.is_none() {
+            anyhow::bail!("relocation section {} names no section", section.name);
+        }
         if section
             .sh_info_section
             .is_some_and(|target| dwarf.contains(&target))
@@ -54,7 +63,24 @@ fn strip_dwarf(path: &std::path::Path) -> anyhow::Result<()> {
             section.delete = true;
         }
     }
+    // Relocations left in kept sections must not have named DWARF's symbols.
+    let kept_relocations = |builder: &object::build::elf::Builder| -> usize {
+        builder
+            .sections
+            .iter()
+            .filter(|section| !section.delete)
+            .map(|section| match &section.data {
+                SectionData::Relocation(relocations) => relocations.len(),
+                _ => 0,
+            })
+            .sum()
+    };
+    let before = kept_relocations(&builder);
     builder.delete_orphans();
+    anyhow::ensure!(
+        kept_relocations(&builder) == before,
+        "dropping the DWARF would drop relocations of the code or BTF"
+    );
     // LLVM names sections out of the symbols' string table; the writer
     // wants a section-name table of its own.
     if !builder

@@ -104,15 +104,6 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     if let Err(err) = sd_notify::notify(&[sd_notify::NotifyState::Ready]) {
         tracing::warn!("telling systemd we are ready failed: {err}");
     }
-    // Start-up is over: the pages of code it alone ran can go.
-    tokio::task::spawn_blocking(|| match crate::own_pages::release_startup_pages() {
-        Ok(released) => tracing::debug!(
-            bytes = released.bytes,
-            private_pages = released.private_pages,
-            "released the executable's start-up pages"
-        ),
-        Err(err) => tracing::warn!("releasing the executable's start-up pages: {}", Chain(&err)),
-    });
     // The signal's instant: the start of the stop budget.
     let (signalled, on_signal) = watch::channel(None);
     let shutdown = async move {
@@ -135,6 +126,8 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         .watch_task("reload", tokio::spawn(serve::tls::reload_on_sighup(tls, hangups)));
     // A task of its own, so that a panic in it is seen like any stage's.
     let mut server = tokio::spawn(serve::serve(listener, state, shutdown));
+    // Everything is started: what start-up alone ran need not stay resident.
+    tokio::task::spawn_blocking(crate::own_pages::release_startup_pages_logged);
     let progress = pipeline.clone();
     let served = tokio::select! {
         joined = &mut server => match joined {

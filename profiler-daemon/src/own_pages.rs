@@ -1,18 +1,28 @@
-//! Once started, the daemon hands back the pages of its own executable that
-//! start-up touched.
+//! Once started, the daemon (and each worker, before its first request)
+//! unmaps the resident pages of its own executable's read-only segments.
 //!
-//! Start-up runs code the daemon never runs again (the BPF loader, flag
+//! Start-up runs code the process never runs again (the BPF loader, flag
 //! parsing, building the stages), and the kernel maps a file's pages 64 KiB
 //! around each page fault (fault-around): start-up left 5-6 MB of the
-//! binary's 7 MB of code resident, for good. After
-//! [`release_startup_pages`] the running daemon faults back in what it runs.
+//! daemon's 7 MB of code resident, for good. After [`release_startup_pages`]
+//! the process faults back in what it runs from then on; the rest stays in
+//! the page cache, reclaimable, no longer counted in the process's RSS.
 //!
 //! Only the executable's read-only segments (code, read-only data) are
-//! released, and in them only the pages that are still the file's: a page a
-//! debugger or a uprobe wrote a breakpoint into is a private copy, which
-//! `MADV_DONTNEED` would discard. The file's own pages lose nothing: the
+//! released, never a writable one (RELRO lies in one), and in them only the
+//! pages that are the file's: a page a debugger or a uprobe wrote a
+//! breakpoint into is a private copy, which `MADV_DONTNEED` would discard,
+//! so such pages (resident or swapped out) are told apart in
+//! `/proc/self/pagemap` and kept. The file's own pages lose nothing: the
 //! kernel drops them itself under memory pressure, and reads them back the
 //! same way.
+//!
+//! The window: a breakpoint written into a page of the executable between
+//! the pagemap read and `madvise` (microseconds, once per process) would be
+//! dropped, and that breakpoint or uprobe would not fire in this process.
+//! Nothing else breaks: the kernel checks the opcode when it removes a
+//! uprobe, and a debugger finds its breakpoint gone. The kernel itself does
+//! not guard its own release of file pages against that either.
 
 use std::{fs::File, os::unix::fs::FileExt as _, ptr::NonNull};
 
@@ -20,11 +30,15 @@ use nix::sys::mman::{MmapAdvise, madvise};
 
 #[derive(Debug, thiserror::Error)]
 pub enum OwnPagesError {
-    #[error("the auxiliary vector gives no usable program headers")]
+    #[error(
+        "unmapping the executable's read-only pages: the auxiliary vector gives no usable program headers"
+    )]
     NoProgramHeaders,
-    #[error("reading /proc/self/pagemap")]
+    #[error("unmapping the executable's read-only pages: pages of {0} bytes, not 4096")]
+    PageSize(libc::c_long),
+    #[error("unmapping the executable's read-only pages: reading /proc/self/pagemap")]
     Pagemap(#[source] std::io::Error),
-    #[error("madvise(MADV_DONTNEED) on {start:#x}+{len:#x}")]
+    #[error("unmapping the executable's read-only pages: madvise(MADV_DONTNEED) on {start:#x}+{len:#x}")]
     Madvise {
         start: usize,
         len: usize,
@@ -36,7 +50,7 @@ pub enum OwnPagesError {
 /// What a release did.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Released {
-    /// Bytes of address space released (resident or not).
+    /// Bytes of address space unmapped (whether resident or not).
     pub bytes: usize,
     /// Pages kept because they are private copies.
     pub private_pages: usize,
@@ -45,11 +59,32 @@ pub struct Released {
 const PAGE: usize = 4096;
 /// pagemap: the page is present.
 const PRESENT: u64 = 1 << 63;
+/// pagemap: the page is swapped out (or an anonymous page in migration).
+const SWAPPED: u64 = 1 << 62;
 /// pagemap: the page is the file's (or shared anonymous memory).
 const FILE_PAGE: u64 = 1 << 61;
 
-/// Releases the executable's read-only pages that are still the file's.
+/// [`release_startup_pages`], its outcome logged: a failure only leaves the
+/// pages resident.
+pub fn release_startup_pages_logged() {
+    match release_startup_pages() {
+        Ok(released) => tracing::debug!(
+            range_bytes = released.bytes,
+            private_pages = released.private_pages,
+            "unmapped the executable's read-only pages"
+        ),
+        Err(err) => tracing::warn!("{}", crate::error::Chain(&err)),
+    }
+}
+
+/// Unmaps the executable's read-only pages that are the file's.
 pub fn release_startup_pages() -> Result<Released, OwnPagesError> {
+    // The ranges and pagemap's indices below are in 4 KiB pages.
+    // SAFETY: sysconf only reads a system constant.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if page != PAGE as i64 {
+        return Err(OwnPagesError::PageSize(page));
+    }
     let pagemap = File::open("/proc/self/pagemap").map_err(OwnPagesError::Pagemap)?;
     let mut released = Released::default();
     for (start, end) in read_only_segments()? {
@@ -63,14 +98,14 @@ pub fn release_startup_pages() -> Result<Released, OwnPagesError> {
 }
 
 /// Releases the pages of `start..end` (page-aligned) that are not private
-/// copies: absent, or present and the file's.
+/// copies: not present and not swapped, or present and the file's.
 ///
 /// # Safety
 /// `start..end` must be a private mapping of a file that this process does
 /// not write to: its pages are then the file's, or copies that someone
 /// else wrote (a debugger's or a uprobe's breakpoint), which are kept. A
 /// copy made between the pagemap read and the release would be lost; see
-/// the module's note.
+/// the module's note on the window.
 unsafe fn release_file_pages(pagemap: &File, start: usize, end: usize) -> Result<Released, OwnPagesError> {
     let mut entries = vec![0u8; (end - start) / PAGE * 8];
     pagemap
@@ -89,9 +124,9 @@ unsafe fn release_file_pages(pagemap: &File, start: usize, end: usize) -> Result
     };
     for run in runs {
         let (run_start, len) = (start + run.start * PAGE, run.len() * PAGE);
-        // SAFETY: pages of the caller's file mapping, each present one
-        // checked above to be the file's: dropping it loses nothing, and a
-        // thread touching it faults the same bytes back in.
+        // SAFETY: pages of the caller's file mapping, none of them a
+        // private copy (checked above): dropping them loses nothing, and a
+        // thread touching one faults the same bytes back in.
         unsafe { release(run_start, len) }?;
         released.bytes += len;
     }
@@ -156,12 +191,12 @@ fn segments_of(headers: &[libc::Elf64_Phdr], at: usize) -> Option<Vec<(usize, us
 }
 
 /// The runs of pages (indices into `entries`, a pagemap entry per page) that
-/// are not private copies: absent, or present and the file's.
+/// are not private copies: neither present nor swapped, or the file's.
 fn file_page_runs(entries: &[u64]) -> Vec<std::ops::Range<usize>> {
     let mut runs = Vec::new();
     let mut run_start = None;
     for (index, &entry) in entries.iter().enumerate() {
-        let private = entry & PRESENT != 0 && entry & FILE_PAGE == 0;
+        let private = entry & (PRESENT | SWAPPED) != 0 && entry & FILE_PAGE == 0;
         match (private, run_start) {
             (false, None) => run_start = Some(index),
             (true, Some(start)) => {

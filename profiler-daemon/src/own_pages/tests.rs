@@ -56,6 +56,10 @@ fn private_copies_split_the_runs_and_absent_pages_join_them() {
         file_page_runs(&[private, private]),
         Vec::<std::ops::Range<usize>>::new()
     );
+    // A private copy swapped out (or in migration) is still one; a file
+    // page in migration is still the file's.
+    assert_eq!(file_page_runs(&[file, SWAPPED, file]), vec![0..1, 2..3]);
+    assert_eq!(file_page_runs(&[file, SWAPPED | FILE_PAGE, file]), vec![0..3]);
 }
 
 /// The kernel's own pagemap tells a private copy from the file's page: a
@@ -128,11 +132,47 @@ fn a_written_page_is_kept_and_the_files_pages_are_released() {
 }
 
 #[test]
-fn this_executables_read_only_segments_are_found() {
+fn this_executables_read_only_segments_are_found_and_no_writable_page() {
     let segments = read_only_segments().unwrap();
     assert!(!segments.is_empty());
+    // SAFETY: as in read_only_segments: the kernel's program headers.
+    let (at, headers) = unsafe {
+        let at = libc::getauxval(libc::AT_PHDR) as usize;
+        let count = libc::getauxval(libc::AT_PHNUM) as usize;
+        (
+            at,
+            std::slice::from_raw_parts(at as *const libc::Elf64_Phdr, count),
+        )
+    };
+    let phdr = headers
+        .iter()
+        .find(|header| header.p_type == libc::PT_PHDR)
+        .unwrap();
+    let bias = at - phdr.p_vaddr as usize;
+    let writable: Vec<(usize, usize)> = headers
+        .iter()
+        .filter(|header| {
+            header.p_type == libc::PT_GNU_RELRO
+                || (header.p_type == libc::PT_LOAD && header.p_flags & libc::PF_W != 0)
+        })
+        .map(|header| {
+            (
+                bias + header.p_vaddr as usize,
+                bias + (header.p_vaddr + header.p_memsz) as usize,
+            )
+        })
+        .collect();
+    assert!(!writable.is_empty());
+    for &(start, end) in &segments {
+        for &(w_start, w_end) in &writable {
+            assert!(
+                end <= w_start || w_end <= start,
+                "{start:#x}..{end:#x} overlaps {w_start:#x}..{w_end:#x}"
+            );
+        }
+    }
     // This very function's code lies in one of them.
-    let here = this_executables_read_only_segments_are_found as *const () as usize;
+    let here = this_executables_read_only_segments_are_found_and_no_writable_page as *const () as usize;
     assert!(
         segments.iter().any(|&(start, end)| (start..end).contains(&here)),
         "{here:#x} outside {segments:x?}"

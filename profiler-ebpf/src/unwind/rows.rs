@@ -72,29 +72,41 @@ fn opaque(slot: &mut u64, value: u32) -> u32 {
 /// The row for `pc`, or why there is none.
 #[inline(always)]
 pub(super) fn find_row(process: &UnwindProcess, pc: u64, walk: &mut Walk) -> Result<UnwindRow, UnwindEnd> {
-    match profilerd_find_row(process, pc, walk) {
+    // SAFETY: both pointers come from references, live for the call, and
+    // `walk` is borrowed exclusively.
+    match unsafe { profilerd_find_row(process, pc, walk) } {
         FOUND => Ok(walk.row),
         end if end == UnwindEnd::NoMapping as u32 => Err(UnwindEnd::NoMapping),
         end if end == UnwindEnd::NoFramePointer as u32 => Err(UnwindEnd::NoFramePointer),
+        end if end == UnwindEnd::UnsupportedRule as u32 => Err(UnwindEnd::UnsupportedRule),
+        end if end == UnwindEnd::ReadFault as u32 => Err(UnwindEnd::ReadFault),
+        end if end == UnwindEnd::DepthLimit as u32 => Err(UnwindEnd::DepthLimit),
         _ => Err(UnwindEnd::TableNotLoaded),
     }
 }
 
 /// What [`profilerd_find_row`] returns when it put the row in `walk.row`
-/// (`UnwindEnd::Complete`, never one of its errors).
+/// (`UnwindEnd::Complete`, which a search never ends with).
 const FOUND: u32 = UnwindEnd::Complete as u32;
 
 /// [`search`] as a global BPF function: the verifier checks a global
-/// function once, on its own, where it checks an inlined search at every
-/// place it is inlined (twice in a step of the walk) for every state the
-/// walk's step is entered with. Its arguments are plain memory to the
-/// verifier, which may be null.
+/// function once per program, on its own, where it checked the inlined
+/// search at both frames of the walk's step for every state the step was
+/// entered with. It keeps external linkage (`no_mangle`; the sampler's
+/// tests check its symbol), else it would be a static function again.
+/// Returns `FOUND` or the `UnwindEnd` it ends with, as u32.
+///
+/// # Safety
+/// Each pointer is null or valid for the call (`process` for reads, `walk`
+/// for reads and writes, and not aliased meanwhile). To the verifier they
+/// are memory of their type's size that may be null: the null checks are
+/// what it requires.
 #[unsafe(no_mangle)]
 #[inline(never)]
-pub extern "C" fn profilerd_find_row(process: *const UnwindProcess, pc: u64, walk: *mut Walk) -> u32 {
-    // SAFETY: the callers pass a live map value or null, which is checked.
+pub unsafe extern "C" fn profilerd_find_row(process: *const UnwindProcess, pc: u64, walk: *mut Walk) -> u32 {
+    // SAFETY: null or valid, the caller's contract.
     let (Some(process), Some(walk)) = (unsafe { process.as_ref() }, unsafe { walk.as_mut() }) else {
-        return UnwindEnd::NoMapping as u32;
+        return UnwindEnd::TableNotLoaded as u32;
     };
     match search(process, pc, walk) {
         Ok(row) => {

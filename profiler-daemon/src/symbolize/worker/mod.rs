@@ -399,13 +399,6 @@ pub fn run_worker() -> std::process::ExitCode {
     {
         role::name_this_process(role);
     }
-    // Cosmetic, as in the daemon: a failure leaves start-up's pages resident.
-    if let Err(err) = crate::own_pages::release_startup_pages() {
-        eprintln!(
-            "profilerd symbolize-worker: releasing the start-up pages: {}",
-            Chain(&err)
-        );
-    }
     // SAFETY: fd 0 is the socket the daemon passed as standard input; from
     // here on this function owns it.
     let socket = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(0) };

@@ -31,13 +31,17 @@ use super::{
     positional::PositionalFile,
     resident, unwind_elf,
 };
-use crate::symbolize::demangle::demangle;
+use crate::{error::Chain, symbolize::demangle::demangle};
 
 /// Parsed files kept between requests; the least recently used go first.
 const MAX_CACHED_FILES: usize = 32;
 
 /// Serves requests on `socket` until the daemon closes it.
 pub fn serve(socket: OwnedFd) -> Result<(), ProtocolError> {
+    // As the daemon does; a failure only leaves start-up's pages resident.
+    if let Err(err) = crate::own_pages::release_startup_pages() {
+        eprintln!("profilerd symbolize-worker: {}", Chain(&err));
+    }
     let mut worker = Worker::new();
     loop {
         let (body, fd) = match protocol::recv_frame(socket.as_fd(), MAX_REQUEST_BYTES, || Ok(())) {
