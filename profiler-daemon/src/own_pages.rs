@@ -82,7 +82,7 @@ pub fn release_startup_pages() -> Result<Released, OwnPagesError> {
     // The ranges and pagemap's indices below are in 4 KiB pages.
     // SAFETY: sysconf only reads a system constant.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if page != PAGE as i64 {
+    if page != PAGE as libc::c_long {
         return Err(OwnPagesError::PageSize(page));
     }
     let pagemap = File::open("/proc/self/pagemap").map_err(OwnPagesError::Pagemap)?;
