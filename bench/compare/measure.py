@@ -5,7 +5,9 @@ Protocol of `measure` (the same for every tool):
  2. exec the tool (t_launch), wait for its first sample (see tools.py);
  3. at first sample + WARMUP read the CPU time of the tool's process tree
     (clock_gettime on each process's CPU clock: ns, all threads), and again at
-    first sample + DURATION: steady-state CPU = difference / elapsed;
+    first sample + DURATION: steady-state CPU = difference / elapsed (the
+    same reading once a second before, so the harness is no newcomer to a
+    system-wide tool in the window; by thread name too, just outside it);
  4. then, tool still running: peak RSS (VmHWM summed over its processes), its
     BPF programs' run_time_ns / run_cnt and its maps' bytes_memlock;
  5. profilerd only: GET /folded for the last DURATION s (part of its cost);
@@ -25,8 +27,8 @@ import time
 import bpf
 import stacks
 import tools
-from procs import (forks_total, process_cpu_ns, rss_by_mapping, thread_cpu_ns, tree_cpu_ns, tree_hwm_by_process,
-                   tree_hwm_kib)
+from procs import (cpu_by_name, forks_total, process_cpu_ns, rss_by_mapping, thread_cpu_ns, tree_cpu_ns,
+                   tree_hwm_by_process, tree_hwm_kib, tree_thread_cpu_ns)
 from workloads import Running, settle
 
 
@@ -65,10 +67,25 @@ def measure(ctx, tool, workload, duration=None):
         root = proc.pid if proc else None
         workload_cpu_first = process_cpu_ns(running.pid)
 
+        # The readings below are the harness's own work, which a system-wide
+        # profiler samples like any other: a first sample of this process or
+        # of the code that reads /proc makes the tool snapshot it, build its
+        # unwind tables and name its frames. Read once a second before the
+        # window, so that happens before it (at rest, a machine's processes
+        # are known to the profiler) and the window holds what recurs.
+        sleep_until(first + warmup - 1)
+        if root:
+            tree_thread_cpu_ns(root), tree_cpu_ns(root), forks_total()
         sleep_until(first + warmup)
+        # Read before the window opens and after it closes: the harness's own
+        # work stays out of it.
+        warm_threads = tree_thread_cpu_ns(root) if root else {}
         warm_at, warm_cpu, warm_forks = time.monotonic(), tree_cpu_ns(root) if root else 0, forks_total()
         sleep_until(first + duration)
         end_at, end_cpu = time.monotonic(), tree_cpu_ns(root) if root else 0
+        if root:
+            # Where the steady window's CPU went, by thread name (workers included).
+            run["steady_cpu_by_thread"] = cpu_by_name(warm_threads, tree_thread_cpu_ns(root), end_at - warm_at)
         run["forks_per_s"] = (forks_total() - warm_forks) / (end_at - warm_at)
         workload_cpu = (process_cpu_ns(running.pid) or 0) - (workload_cpu_first or 0)
         run["workload_cpu_s"] = workload_cpu / 1e9

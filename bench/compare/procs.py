@@ -96,6 +96,27 @@ def thread_cpu_ns(pid):
     return threads
 
 
+def tree_thread_cpu_ns(root):
+    """{(pid, tid, thread name): CPU ns} of the live threads of `root` and its
+    live descendants: where a tree's CPU went (a thread that exits between
+    two readings is missing from their difference, not from tree_cpu_ns)."""
+    threads = {}
+    for pid in descendants(root):
+        for (tid, name), ns in thread_cpu_ns(pid).items():
+            threads[(pid, tid, name)] = ns
+    return threads
+
+
+def cpu_by_name(before, after, seconds):
+    """[[thread name, % of a core]] between two tree_thread_cpu_ns readings,
+    largest first."""
+    names = {}
+    for key, ns in after.items():
+        names[key[2]] = names.get(key[2], 0) + ns - before.get(key, 0)
+    return sorted(([name, ns / 1e9 / seconds * 100] for name, ns in names.items() if ns > 0),
+                  key=lambda item: -item[1])
+
+
 class Tool:
     """A started tool: a Popen in its own process group, stopped with a signal
     and reaped with wait4 so that its rusage (CPU of all its threads and of the

@@ -190,6 +190,10 @@ def peaks_by_process(runs, workload):
             continue
         parts = ", ".join(f"{name} {mb(kib, kib=True):.1f} MB" for name, kib in peaks)
         lines.append(f"- {run['tool']}, peak RSS by process (VmHWM): {parts}")
+        threads = run.get("steady_cpu_by_thread")
+        if threads:
+            spent = ", ".join(f"{name} {pct:.3f}" for name, pct in threads if pct >= 0.0005)
+            lines.append(f"  - steady window by thread (% of a core): {spent}")
     return lines + [""] if lines else []
 
 
@@ -287,7 +291,11 @@ def write(results, path):
             "is shown apart.",
             f"- **steady CPU**: CPU time of the tool's process tree (ns, from each process's CPU clock) from "
             f"{results['args']['warmup']:g} s after the first sample to the end of the window, as a % of "
-            "one core.",
+            "one core. The harness reads the tree once a second before the window too, so that a system-wide "
+            "tool meets the harness's own process and code before it (at rest, a machine's processes are known "
+            "to the profiler); profilerd's runs list the window's CPU by thread name. Processes started during "
+            "the window (the forks column) are work for profilerd (a snapshot, unwind tables, names): run the "
+            "benchmark on an otherwise quiet machine.",
             "- **BPF per sample**: `kernel.bpf_stats_enabled=1`; run_time_ns / run_cnt of the tool's "
             "perf_event programs; **BPF total** adds its other programs (profilerd's exec/exit tracepoints). "
             "A tool's programs and maps are those its processes hold descriptors for "
