@@ -33,6 +33,7 @@ class Context:
         self.work = work
         self.duration = args.duration
         self.warmup = args.warmup
+        self.meet = not args.no_meet
         self.startup_timeout = args.startup_timeout
         self.latency_window = args.latency_window
         self.latency_calls = args.latency_calls
@@ -52,6 +53,9 @@ def parse_args():
     parser.add_argument("--latency-calls", type=int, default=50)
     parser.add_argument("--no-latency", action="store_true")
     parser.add_argument("--no-999", action="store_true", help="skip profilerd at 999 Hz")
+    parser.add_argument("--no-meet", action="store_true",
+                        help="no harness readings during the warm-up (the method before 2026-11-28 09:41): a "
+                             "system-wide tool may then meet the harness's own process inside the steady window")
     parser.add_argument("--self-profile", choices=["auto", "always", "never"], default="auto",
                         help="profile profilerd itself (auto: when one of its targets is missed)")
     parser.add_argument("--startup-timeout", type=float, default=60)
@@ -154,7 +158,8 @@ def main():
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": machine(), "versions": versions(),
         "uptime_before": sh("uptime"), "loadavg_before": open("/proc/loadavg").read().split()[:3],
-        "args": {"duration": args.duration, "warmup": args.warmup, "latency_window": args.latency_window,
+        "args": {"duration": args.duration, "warmup": args.warmup, "meet": not args.no_meet,
+                 "latency_window": args.latency_window,
                  "latency_calls": args.latency_calls, "argv": sys.argv[1:]},
         "runs": [],
     }

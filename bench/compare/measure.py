@@ -6,8 +6,10 @@ Protocol of `measure` (the same for every tool):
  3. at first sample + WARMUP read the CPU time of the tool's process tree
     (clock_gettime on each process's CPU clock: ns, all threads), and again at
     first sample + DURATION: steady-state CPU = difference / elapsed (the
-    same reading once a second before, so the harness is no newcomer to a
-    system-wide tool in the window; by thread name too, just outside it);
+    same readings every 0.5 s through the warm-up's first half too, unless
+    --no-meet, so the harness is no newcomer to a system-wide tool in the
+    window; the CPU from the first of them to the window is kept apart; by
+    thread name too);
  4. then, tool still running: peak RSS (VmHWM summed over its processes), its
     BPF programs' run_time_ns / run_cnt and its maps' bytes_memlock;
  5. profilerd only: GET /folded for the last DURATION s (part of its cost);
@@ -68,24 +70,39 @@ def measure(ctx, tool, workload, duration=None):
         workload_cpu_first = process_cpu_ns(running.pid)
 
         # The readings below are the harness's own work, which a system-wide
-        # profiler samples like any other: a first sample of this process or
-        # of the code that reads /proc makes the tool snapshot it, build its
-        # unwind tables and name its frames. Read once a second before the
-        # window, so that happens before it (at rest, a machine's processes
-        # are known to the profiler) and the window holds what recurs.
-        sleep_until(first + warmup - 1)
-        if root:
-            tree_thread_cpu_ns(root), tree_cpu_ns(root), forks_total()
+        # profiler samples like any other: a first sample of this process, or
+        # of its code that reads /proc, makes profilerd snapshot it, build its
+        # unwind tables and name its frames (once per daemon; for pyenv's
+        # Python, 9 MB of DWARF). Unless --no-meet, the same readings run every
+        # 0.5 s through the first half of the warm-up, so that work lands
+        # before the window (at least two 1 s drains before it with the
+        # default 5 s warm-up) and the window holds what recurs; the CPU
+        # from the first of them to the window is reported beside it
+        # (cpu_meet_pct), so what moved out stays in view.
+        meet_at = meet_cpu = None
+        if root and ctx.meet:
+            reading_at = first + 0.5
+            while reading_at <= first + warmup / 2:
+                sleep_until(reading_at)
+                _ = tree_thread_cpu_ns(root), forks_total()
+                now, cpu = time.monotonic(), tree_cpu_ns(root)
+                if meet_at is None:
+                    meet_at, meet_cpu = now, cpu
+                reading_at += 0.5
         sleep_until(first + warmup)
-        # Read before the window opens and after it closes: the harness's own
-        # work stays out of it.
-        warm_threads = tree_thread_cpu_ns(root) if root else {}
+        # Each end reads the threads, then the tree, in the same order: the
+        # by-thread figures span their own readings.
+        warm_threads, warm_threads_at = tree_thread_cpu_ns(root) if root else {}, time.monotonic()
         warm_at, warm_cpu, warm_forks = time.monotonic(), tree_cpu_ns(root) if root else 0, forks_total()
         sleep_until(first + duration)
+        end_threads, end_threads_at = tree_thread_cpu_ns(root) if root else {}, time.monotonic()
         end_at, end_cpu = time.monotonic(), tree_cpu_ns(root) if root else 0
         if root:
             # Where the steady window's CPU went, by thread name (workers included).
-            run["steady_cpu_by_thread"] = cpu_by_name(warm_threads, tree_thread_cpu_ns(root), end_at - warm_at)
+            run["steady_cpu_by_thread"] = cpu_by_name(warm_threads, end_threads, end_threads_at - warm_threads_at)
+        if meet_at is not None:
+            run["meet_window_s"] = warm_at - meet_at
+            run["cpu_meet_pct"] = (warm_cpu - meet_cpu) / 1e9 / (warm_at - meet_at) * 100
         run["forks_per_s"] = (forks_total() - warm_forks) / (end_at - warm_at)
         workload_cpu = (process_cpu_ns(running.pid) or 0) - (workload_cpu_first or 0)
         run["workload_cpu_s"] = workload_cpu / 1e9

@@ -97,22 +97,24 @@ def thread_cpu_ns(pid):
 
 
 def tree_thread_cpu_ns(root):
-    """{(pid, tid, thread name): CPU ns} of the live threads of `root` and its
-    live descendants: where a tree's CPU went (a thread that exits between
-    two readings is missing from their difference, not from tree_cpu_ns)."""
+    """{(pid, tid): (thread name, CPU ns)} of the live threads of `root` and
+    its live descendants: where a tree's CPU went. A thread or process that
+    exits between two readings is missing from their difference (as a
+    process is from tree_cpu_ns's)."""
     threads = {}
     for pid in descendants(root):
         for (tid, name), ns in thread_cpu_ns(pid).items():
-            threads[(pid, tid, name)] = ns
+            threads[(pid, tid)] = (name, ns)
     return threads
 
 
 def cpu_by_name(before, after, seconds):
     """[[thread name, % of a core]] between two tree_thread_cpu_ns readings,
-    largest first."""
+    largest first; a thread is matched by pid and tid, named as it was last."""
     names = {}
-    for key, ns in after.items():
-        names[key[2]] = names.get(key[2], 0) + ns - before.get(key, 0)
+    for key, (name, ns) in after.items():
+        spent = ns - before.get(key, (name, 0))[1]
+        names[name] = names.get(name, 0) + spent
     return sorted(([name, ns / 1e9 / seconds * 100] for name, ns in names.items() if ns > 0),
                   key=lambda item: -item[1])
 

@@ -182,7 +182,9 @@ def results_table(runs, workload):
 
 
 def peaks_by_process(runs, workload):
-    """One line per profilerd run: the peak RSS of each of its processes."""
+    """Per profilerd run: the peak RSS of each of its processes, the steady
+    window's CPU by thread, and the CPU from the harness's first warm-up
+    reading to the window."""
     lines = []
     for run in runs:
         peaks = run.get("peak_rss_by_process_kib")
@@ -194,6 +196,9 @@ def peaks_by_process(runs, workload):
         if threads:
             spent = ", ".join(f"{name} {pct:.3f}" for name, pct in threads if pct >= 0.0005)
             lines.append(f"  - steady window by thread (% of a core): {spent}")
+        if run.get("cpu_meet_pct") is not None:
+            lines.append(f"  - from the harness's first warm-up reading to the window ({run['meet_window_s']:.1f} s, "
+                         f"where meeting the harness's own process lands): {run['cpu_meet_pct']:.3f}% of a core")
     return lines + [""] if lines else []
 
 
@@ -291,10 +296,17 @@ def write(results, path):
             "is shown apart.",
             f"- **steady CPU**: CPU time of the tool's process tree (ns, from each process's CPU clock) from "
             f"{results['args']['warmup']:g} s after the first sample to the end of the window, as a % of "
-            "one core. The harness reads the tree once a second before the window too, so that a system-wide "
-            "tool meets the harness's own process and code before it (at rest, a machine's processes are known "
-            "to the profiler); profilerd's runs list the window's CPU by thread name. Processes started during "
-            "the window (the forks column) are work for profilerd (a snapshot, unwind tables, names): run the "
+            "one core. "
+            + ("The harness makes the same readings every 0.5 s through the first half of the warm-up, so that "
+               "a system-wide tool meets the harness's own process and code (a snapshot, unwind tables, names: "
+               "once per daemon, and pyenv's Python carries 9 MB of DWARF) before the window rather than in it; "
+               "profilerd's runs list the CPU from the first of those readings to the window beside the window's "
+               "CPU by thread name. This method started with the run of 2026-11-28 09:41; earlier runs' steady "
+               "figures included that first meeting whenever it fell in the window (`--no-meet` measures that "
+               "way). " if results["args"].get("meet", True) else
+               "No harness readings during the warm-up (`--no-meet`): a first sample of the harness's own "
+               "process may fall in the window. ")
+            + "Processes started during the window (the forks column) are work for profilerd too: run the "
             "benchmark on an otherwise quiet machine.",
             "- **BPF per sample**: `kernel.bpf_stats_enabled=1`; run_time_ns / run_cnt of the tool's "
             "perf_event programs; **BPF total** adds its other programs (profilerd's exec/exit tracepoints). "

@@ -1,10 +1,12 @@
 //! Emptying the sampler's maps without losing a sample.
 //!
-//! The sampler writes into one of two buffers (a counts map plus its two
-//! stack-trace maps); CONTROL says which. A drain flips CONTROL, waits for
-//! programs that already picked the old buffer to finish, then owns the old
-//! buffer alone: it reads every count and stack and deletes them, so stack ids
-//! are reclaimed each cycle and the maps never fill up with stale entries.
+//! The sampler writes into one of two buffers (a counts map plus its stack
+//! maps: the kernel's stack-trace maps, or its own unwound stacks and their
+//! tails, read by `stacks`); CONTROL says which. A drain flips CONTROL,
+//! waits for programs that already picked the old buffer to finish, then
+//! owns the old buffer alone: it reads every count and stack and deletes
+//! them, so stack ids are reclaimed each cycle and the maps never fill up
+//! with stale entries.
 
 mod stacks;
 
