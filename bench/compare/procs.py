@@ -110,10 +110,13 @@ def tree_thread_cpu_ns(root):
 
 def cpu_by_name(before, after, seconds):
     """[[thread name, % of a core]] between two tree_thread_cpu_ns readings,
-    largest first; a thread is matched by pid and tid, named as it was last."""
+    largest first; a thread is matched by pid and tid, named as it was last.
+    A clock that went back is another thread under a reused tid: all its
+    time is the window's."""
     names = {}
     for key, (name, ns) in after.items():
-        spent = ns - before.get(key, (name, 0))[1]
+        earlier = before.get(key, (name, 0))[1]
+        spent = ns - earlier if ns >= earlier else ns
         names[name] = names.get(name, 0) + spent
     return sorted(([name, ns / 1e9 / seconds * 100] for name, ns in names.items() if ns > 0),
                   key=lambda item: -item[1])
