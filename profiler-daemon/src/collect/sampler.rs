@@ -10,17 +10,18 @@ mod options;
 mod row_groups;
 mod setup;
 
-use std::os::fd::AsFd;
+use std::{hash::BuildHasher, hash::RandomState, os::fd::AsFd};
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{MapData, RingBuf},
+    maps::{HashMap, MapData, RingBuf},
     programs::{
         PerfEvent, RawTracePoint,
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
     },
 };
-use profiler_common::{maps, programs};
+use aya_obj::generated::BPF_NOEXIST;
+use profiler_common::{ProcessEvent, ProcessEventKind, maps, programs};
 
 pub use handles::UnwindMaps;
 pub use options::{
@@ -143,6 +144,35 @@ impl Sampler {
     /// possible here.
     pub fn kinds(&self) -> KindSet {
         self.kinds
+    }
+
+    /// Hands the daemon's own process its instance now, as its first sample
+    /// would, and returns the event that sample would have announced. The
+    /// daemon is sure to be sampled sooner or later; meeting it here puts
+    /// reading its mappings and compiling its unwind table (~60k rows, a few
+    /// ms of CPU) with the rest of start-up instead of at a random moment
+    /// seconds later, and its first samples already walk whole stacks.
+    /// None when the program met it first (its event is in the ring) or the
+    /// map refused the entry (the first sample then meets it as any other).
+    pub fn meet_self(&mut self) -> Option<ProcessEvent> {
+        let tgid = std::process::id();
+        let map = self.ebpf.map_mut(maps::PROCESSES)?;
+        let mut processes: HashMap<&mut MapData, u32, u32> = HashMap::try_from(map).ok()?;
+        // Random like the program's (see process.rs), never 0 ("unknown").
+        let instance = RandomState::new().hash_one(tgid) as u32 | 1;
+        match processes.insert(&tgid, &instance, u64::from(BPF_NOEXIST)) {
+            Ok(()) => Some(ProcessEvent {
+                ktime_ns: 0,
+                kind: ProcessEventKind::Started as u32,
+                tgid,
+                instance,
+                reserved: 0,
+            }),
+            Err(err) => {
+                tracing::debug!("meeting the daemon's own process at start-up: {}", Chain(&err));
+                None
+            }
+        }
     }
 
     /// Forwards pending BPF-side log records to the daemon's log.
