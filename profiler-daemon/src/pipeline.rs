@@ -196,13 +196,11 @@ impl Pipeline {
         let (drain_tx, drain_rx) = mpsc::channel();
         let stop = Arc::new(Stop::new().map_err(PipelineError::StopSignal)?);
 
-        // `record --pid` without the daemon's own: it would never be shown.
-        let own = options.only_pids.is_empty() || options.only_pids.contains(&std::process::id());
         let watcher = ProcessWatcher::new(
             events,
             SnapshotReader::new(files.clone(), options.proc_root.clone()),
         )
-        .met(own.then(|| sampler.meet_self()).flatten());
+        .met(sampler.meet_own_process(&options.proc_root, &options.only_pids));
         let watcher_stats = watcher.stats.clone();
         let mut threads = Vec::new();
         let spawn = |name: &'static str, body: Box<dyn FnOnce() + Send>| {

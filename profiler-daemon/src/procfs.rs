@@ -76,6 +76,18 @@ impl ProcRoot {
             .ok()
     }
 
+    /// The daemon's own pid as this /proc numbers it: `self` under the
+    /// root names the reader in that /proc's pid namespace, so in a
+    /// container with the host's /proc this is the host pid the sampler
+    /// reports, not the container's [`std::process::id`]. An error when
+    /// the daemon is not visible there.
+    pub fn own_pid(&self) -> io::Result<u32> {
+        let link = std::fs::read_link(self.root.join("self"))?;
+        link.to_str()
+            .and_then(|pid| pid.parse().ok())
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, format!("self -> {}", link.display())))
+    }
+
     /// Whether process `pid` exists (as a process or a thread id).
     pub fn exists(&self, pid: u32) -> bool {
         self.process(pid).exists()
@@ -146,6 +158,22 @@ mod tests {
         let own = ProcRoot::default();
         assert_eq!(own.process(7), Path::new("/proc/7"));
         assert_eq!(own.cgroup_roots()[0], Path::new("/sys/fs/cgroup"));
+    }
+
+    #[test]
+    fn the_own_pid_is_the_one_the_root_gives() {
+        assert_eq!(ProcRoot::default().own_pid().unwrap(), std::process::id());
+        let dir = std::env::temp_dir().join(format!("profilerd-own-pid-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let host = ProcRoot::new(&dir);
+        assert!(host.own_pid().is_err(), "no self link");
+        std::os::unix::fs::symlink("4242", dir.join("self")).unwrap();
+        assert_eq!(host.own_pid().unwrap(), 4242);
+        std::fs::remove_file(dir.join("self")).unwrap();
+        std::os::unix::fs::symlink("../etc", dir.join("self")).unwrap();
+        assert_eq!(host.own_pid().unwrap_err().kind(), io::ErrorKind::InvalidData);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -10,17 +10,22 @@ mod options;
 mod row_groups;
 mod setup;
 
-use std::{hash::BuildHasher, hash::RandomState, os::fd::AsFd};
+use std::{
+    hash::{BuildHasher, RandomState},
+    os::fd::AsFd,
+    time::Duration,
+};
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{HashMap, MapData, RingBuf},
+    maps::{HashMap, MapData, MapError, RingBuf},
     programs::{
         PerfEvent, RawTracePoint,
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
     },
 };
 use aya_obj::generated::BPF_NOEXIST;
+use nix::time::{ClockId, clock_gettime};
 use profiler_common::{ProcessEvent, ProcessEventKind, maps, programs};
 
 pub use handles::UnwindMaps;
@@ -151,25 +156,43 @@ impl Sampler {
     /// daemon is sure to be sampled sooner or later; meeting it here puts
     /// reading its mappings and compiling its unwind table (~60k rows, a few
     /// ms of CPU) with the rest of start-up instead of at a random moment
-    /// seconds later, and its first samples already walk whole stacks.
-    /// None when the program met it first (its event is in the ring) or the
-    /// map refused the entry (the first sample then meets it as any other).
-    pub fn meet_self(&mut self) -> Option<ProcessEvent> {
-        let tgid = std::process::id();
-        let map = self.ebpf.map_mut(maps::PROCESSES)?;
-        let mut processes: HashMap<&mut MapData, u32, u32> = HashMap::try_from(map).ok()?;
+    /// seconds later, when it may be measured as the cost at rest.
+    /// None when `only` (record's `--pid`) leaves the daemon out, when the
+    /// program met it first (its event is in the ring), or on an error,
+    /// logged: its first sample then meets it as any other process.
+    pub fn meet_own_process(&mut self, proc_root: &ProcRoot, only: &[u32]) -> Option<ProcessEvent> {
+        // The pid the sampler sees: the host's when in a container.
+        let tgid = proc_root
+            .own_pid()
+            .inspect_err(|err| {
+                tracing::warn!("the daemon's own pid in {}: {err}", proc_root.path().display())
+            })
+            .ok()?;
+        if !only.is_empty() && !only.contains(&tgid) {
+            return None;
+        }
+        let Some(map) = self.ebpf.map_mut(maps::PROCESSES) else {
+            tracing::warn!("the program has no {} map", maps::PROCESSES);
+            return None;
+        };
+        let mut processes: HashMap<&mut MapData, u32, u32> = HashMap::try_from(map)
+            .inspect_err(|err| tracing::warn!("{}: {}", maps::PROCESSES, Chain(err)))
+            .ok()?;
         // Random like the program's (see process.rs), never 0 ("unknown").
         let instance = RandomState::new().hash_one(tgid) as u32 | 1;
         match processes.insert(&tgid, &instance, u64::from(BPF_NOEXIST)) {
             Ok(()) => Some(ProcessEvent {
-                ktime_ns: 0,
+                // The program's clock (bpf_ktime_get_ns is CLOCK_MONOTONIC).
+                ktime_ns: clock_gettime(ClockId::CLOCK_MONOTONIC)
+                    .map_or(0, |now| Duration::from(now).as_nanos() as u64),
                 kind: ProcessEventKind::Started as u32,
                 tgid,
                 instance,
                 reserved: 0,
             }),
+            Err(MapError::SyscallError(err)) if err.io_error.raw_os_error() == Some(libc::EEXIST) => None,
             Err(err) => {
-                tracing::debug!("meeting the daemon's own process at start-up: {}", Chain(&err));
+                tracing::warn!("meeting the daemon's own process at start-up: {}", Chain(&err));
                 None
             }
         }

@@ -48,9 +48,9 @@ pub struct ProcessWatcher {
     events: RingBuf<MapData>,
     reader: SnapshotReader,
     second_looks: VecDeque<(Instant, ProcessSnapshot)>,
-    /// Events the daemon announced itself (see [`Self::met`]), handled
+    /// An event the daemon announced itself (see [`Self::met`]), handled
     /// before the ring's.
-    met: Vec<ProcessEvent>,
+    met: Option<ProcessEvent>,
     pub stats: Arc<WatcherStats>,
 }
 
@@ -60,27 +60,26 @@ impl ProcessWatcher {
             events,
             reader,
             second_looks: VecDeque::new(),
-            met: Vec::new(),
+            met: None,
             stats: Arc::default(),
         }
     }
 
     /// Handles `event` first, as if read from the ring: a process the
-    /// daemon handed an instance itself ([`super::Sampler::meet_self`]).
+    /// daemon handed an instance itself ([`super::Sampler::meet_own_process`]).
     pub fn met(mut self, event: Option<ProcessEvent>) -> Self {
-        self.met.extend(event);
+        self.met = event;
         self
     }
 
     /// Runs until `stop` is set or `send` reports the receiver gone. Sleeps
     /// until an event, a second look or stop is due.
     pub fn run(mut self, stop: &Stop, mut send: impl FnMut(ProcessNotice) -> bool) {
-        for event in std::mem::take(&mut self.met) {
-            if let Some(notice) = self.notice(event)
-                && !send(notice)
-            {
-                return;
-            }
+        if let Some(event) = self.met.take()
+            && let Some(notice) = self.notice(event)
+            && !send(notice)
+        {
+            return;
         }
         while !stop.is_set() {
             let timeout = self.second_looks.front().map_or(PollTimeout::NONE, |(due, _)| {
